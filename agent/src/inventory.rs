@@ -1,0 +1,122 @@
+//! What the agent observes of the host's GPUs, as plain data. The driver seam fills it; the plan
+//! checks and the reconciler read it. Nothing here does I/O.
+
+use serde::Serialize;
+
+/// The whole host as the driver reports it at one moment.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Inventory {
+    pub driver_version: String,
+    pub gpus: Vec<Gpu>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Gpu {
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    /// Device id << 16 | vendor, as NVML reports it (0x233510de for an H200 SXM).
+    pub pci_device_id: u32,
+    pub pci_bus_id: String,
+    pub memory_total_mib: u64,
+    pub memory_used_mib: u64,
+    pub mig_current: bool,
+    pub mig_pending: bool,
+    pub compute_mode: ComputeMode,
+    /// Whole-card SM count: the full-width profile's when the GPU has MIG profiles.
+    pub sm_count: u32,
+    pub profiles: Vec<Profile>,
+    pub instances: Vec<GpuInstance>,
+    pub processes: Vec<GpuProcess>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ComputeMode {
+    Default,
+    ExclusiveThread,
+    ExclusiveProcess,
+    Prohibited,
+}
+
+impl ComputeMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ComputeMode::Default => "default",
+            ComputeMode::ExclusiveThread => "exclusive_thread",
+            ComputeMode::ExclusiveProcess => "exclusive_process",
+            ComputeMode::Prohibited => "prohibited",
+        }
+    }
+}
+
+/// A MIG GPU-instance profile as the driver describes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Profile {
+    /// The NVML index constant it answered to.
+    pub nvml_index: u32,
+    /// The profile ID every later MIG call takes.
+    pub id: u32,
+    /// Without the "MIG " prefix, e.g. `1g.18gb`.
+    pub name: String,
+    pub memory_mib: u64,
+    pub sm: u32,
+    pub slices: u32,
+    pub max: u32,
+    pub copy_engines: u32,
+    pub decoders: u32,
+    pub encoders: u32,
+    pub jpegs: u32,
+    pub ofas: u32,
+    pub placements: Vec<Placement>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Placement {
+    pub start: u32,
+    pub size: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GpuInstance {
+    pub id: u32,
+    pub profile_id: u32,
+    pub profile: String,
+    pub start: u32,
+    pub size: u32,
+    pub memory_mib: u64,
+    /// MIG device UUID; None until the instance has a compute instance.
+    pub uuid: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GpuProcess {
+    pub pid: u32,
+    pub used_mib: u64,
+    pub gpu_instance_id: Option<u32>,
+    pub mps_client: bool,
+}
+
+impl Inventory {
+    pub fn gpu(&self, index: u32) -> Option<&Gpu> {
+        self.gpus.iter().find(|g| g.index == index)
+    }
+
+    pub fn gpu_by_uuid(&self, uuid: &str) -> Option<&Gpu> {
+        self.gpus.iter().find(|g| g.uuid == uuid)
+    }
+
+    /// Resolves "3" or "GPU-..." to a GPU.
+    pub fn find(&self, text: &str) -> Option<&Gpu> {
+        match text.trim().parse::<u32>() {
+            Ok(i) => self.gpu(i),
+            Err(_) => self.gpu_by_uuid(text.trim()),
+        }
+    }
+}
+
+impl Gpu {
+    pub fn profile_named(&self, name: &str) -> Option<&Profile> {
+        self.profiles.iter().find(|p| p.name == name)
+    }
+}

@@ -1,0 +1,328 @@
+//! Checks of a parsed plan against the live inventory and the host: selectors that match no GPU,
+//! profiles the product lacks, budgets no device can hold, missing programs and users. The result
+//! is the resolved desired state the reconciler works from.
+
+use super::parse::Spans;
+use super::units::human_mib;
+use super::*;
+use crate::inventory::{Gpu, Inventory};
+use crate::settings::WorkerPolicy;
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+
+/// The desired state of the GPUs a plan manages, keyed by GPU index.
+#[derive(Debug, Clone, Default)]
+pub struct Desired {
+    pub gpus: BTreeMap<u32, DesiredGpu>,
+    pub models: Vec<Model>,
+}
+
+#[derive(Debug, Clone)]
+pub struct DesiredGpu {
+    /// Index of the `[[gpus]]` entry that selects this GPU.
+    pub entry: usize,
+    pub sharing: Sharing,
+    pub mig: Vec<MigInstance>,
+    pub mps: Option<MpsDefaults>,
+    pub timeslice: Option<Timeslice>,
+}
+
+/// Sharing modes this version of the agent can apply. The plan format knows them all, so a plan
+/// written for a later version is read and checked fully, then refused with a clear reason.
+const APPLICABLE: &[Sharing] = &[Sharing::Exclusive, Sharing::TimeSlicing];
+
+pub fn check(plan: &Plan, spans: &Spans, inventory: &Inventory, policy: &WorkerPolicy) -> (Desired, Vec<Problem>) {
+    let mut problems = Vec::new();
+    let gpus = check_gpus(plan, spans, inventory, &mut problems);
+    let mut names: BTreeMap<&str, usize> = BTreeMap::new();
+    for model in &plan.models {
+        let at = |key: &str| format!("models[{}].{key}", model.index);
+        if let Some(first) = names.insert(&model.name, model.index) {
+            problems.push(
+                spans.problem(&at("name"), format!("duplicate model name {:?} (also models[{first}])", model.name)),
+            );
+            names.insert(&model.name, first);
+        }
+        check_model(model, spans, inventory, &gpus, policy, &mut problems);
+    }
+    (Desired { gpus, models: plan.models.clone() }, problems)
+}
+
+fn check_gpus(
+    plan: &Plan,
+    spans: &Spans,
+    inventory: &Inventory,
+    problems: &mut Vec<Problem>,
+) -> BTreeMap<u32, DesiredGpu> {
+    let mut out: BTreeMap<u32, DesiredGpu> = BTreeMap::new();
+    let host_range = match inventory.gpus.len() {
+        0 => "this host has no GPUs".to_string(),
+        1 => "this host has GPU 0 only".to_string(),
+        n => format!("this host has GPUs 0-{}", n - 1),
+    };
+    for entry in &plan.gpus {
+        let select_path = format!("gpus[{}].select", entry.index);
+        let selected: Vec<&Gpu> = match &entry.select {
+            Selector::All => inventory.gpus.iter().collect(),
+            Selector::Uuid(uuid) => match inventory.gpu_by_uuid(uuid) {
+                Some(gpu) => vec![gpu],
+                None => {
+                    problems.push(spans.problem(&select_path, format!("no GPU has UUID {uuid}")));
+                    continue;
+                }
+            },
+            Selector::Indices(indices) => {
+                let missing: Vec<String> =
+                    indices.iter().filter(|i| inventory.gpu(**i).is_none()).map(u32::to_string).collect();
+                if !missing.is_empty() {
+                    let what = if missing.len() == 1 { "GPU {} does not exist" } else { "GPUs {} do not exist" };
+                    let what = what.replace("{}", &missing.join(", "));
+                    problems.push(spans.problem(&select_path, format!("{what}: {host_range}")));
+                    continue;
+                }
+                indices.iter().filter_map(|i| inventory.gpu(*i)).collect()
+            }
+        };
+        if selected.is_empty() {
+            problems.push(spans.problem(&select_path, format!("selects no GPU: {host_range}")));
+        }
+        let sharing_path = format!("gpus[{}].sharing", entry.index);
+        if !APPLICABLE.contains(&entry.sharing) {
+            problems.push(spans.problem(
+                &sharing_path,
+                format!(
+                    "sharing = {:?} is valid plan syntax, but this agent version applies only {}",
+                    entry.sharing.as_str(),
+                    APPLICABLE.iter().map(|s| format!("{:?}", s.as_str())).collect::<Vec<_>>().join(" and ")
+                ),
+            ));
+        }
+        if entry.timeslice.is_some() {
+            problems.push(spans.problem(
+                &format!("gpus[{}].timeslice", entry.index),
+                "setting the time-slice length is not available in this agent version: remove timeslice to leave it as it is",
+            ));
+        }
+        for gpu in &selected {
+            for (i, inst) in entry.mig.iter().enumerate() {
+                let path = format!("gpus[{}].mig[{i}]", entry.index);
+                match gpu.profile_named(&inst.profile) {
+                    None => {
+                        let names: Vec<&str> = gpu.profiles.iter().map(|p| p.name.as_str()).collect();
+                        let known = if names.is_empty() {
+                            "it has no MIG profiles".to_string()
+                        } else {
+                            format!("its profiles: {}", names.join(", "))
+                        };
+                        problems.push(spans.problem(
+                            &path,
+                            format!(
+                                "profile {:?} does not exist on GPU {} ({}); {known}",
+                                inst.profile, gpu.index, gpu.name
+                            ),
+                        ));
+                    }
+                    Some(profile) => {
+                        if let Some(start) = inst.start
+                            && !profile.placements.iter().any(|p| p.start == start)
+                        {
+                            let starts: Vec<String> = profile.placements.iter().map(|p| p.start.to_string()).collect();
+                            problems.push(spans.problem(
+                                &path,
+                                format!(
+                                    "{}@{start} is not a valid placement on GPU {}: {} starts at {}",
+                                    inst.profile,
+                                    gpu.index,
+                                    inst.profile,
+                                    starts.join(", ")
+                                ),
+                            ));
+                        }
+                    }
+                }
+            }
+            if let Some(previous) = out.get(&gpu.index) {
+                problems.push(spans.problem(
+                    &select_path,
+                    format!("GPU {} is already selected by gpus[{}]", gpu.index, previous.entry),
+                ));
+                continue;
+            }
+            out.insert(
+                gpu.index,
+                DesiredGpu {
+                    entry: entry.index,
+                    sharing: entry.sharing,
+                    mig: entry.mig.clone(),
+                    mps: entry.mps,
+                    timeslice: entry.timeslice,
+                },
+            );
+        }
+    }
+    out
+}
+
+/// Which GPU sharing modes can host a worker of this isolation tier.
+pub fn hosts(isolation: Isolation, sharing: Sharing) -> bool {
+    match isolation {
+        Isolation::Exclusive => sharing == Sharing::Exclusive,
+        Isolation::TimeSlicing => sharing == Sharing::TimeSlicing,
+        Isolation::Mps => sharing == Sharing::Mps,
+        Isolation::Mig => sharing == Sharing::Mig,
+        Isolation::Auto => true,
+    }
+}
+
+/// The most memory one worker of this tier could get on this GPU.
+fn capacity_mib(gpu: &Gpu, desired: &DesiredGpu, isolation: Isolation) -> u64 {
+    if desired.sharing == Sharing::Mig || isolation == Isolation::Mig {
+        gpu.profiles
+            .iter()
+            .filter(|p| desired.mig.is_empty() || desired.mig.iter().any(|m| m.profile == p.name))
+            .map(|p| p.memory_mib)
+            .max()
+            .unwrap_or(0)
+    } else {
+        gpu.memory_total_mib
+    }
+}
+
+fn check_model(
+    model: &Model,
+    spans: &Spans,
+    inventory: &Inventory,
+    gpus: &BTreeMap<u32, DesiredGpu>,
+    policy: &WorkerPolicy,
+    problems: &mut Vec<Problem>,
+) {
+    let at = |key: &str| format!("models[{}].{key}", model.index);
+    // Where the model could run: its pinned GPU, or every managed GPU whose sharing hosts its tier.
+    let mut candidates: Vec<(&Gpu, &DesiredGpu)> = Vec::new();
+    match &model.gpu {
+        Some(pin) => {
+            let found = match pin {
+                GpuRef::Index(i) => inventory.gpu(*i),
+                GpuRef::Uuid(u) => inventory.gpu_by_uuid(u),
+            };
+            let label = match pin {
+                GpuRef::Index(i) => format!("GPU {i}"),
+                GpuRef::Uuid(u) => u.clone(),
+            };
+            match found {
+                None => problems.push(spans.problem(&at("gpu"), format!("{label} does not exist on this host"))),
+                Some(gpu) => match gpus.get(&gpu.index) {
+                    None => problems.push(spans.problem(
+                        &at("gpu"),
+                        format!(
+                            "GPU {} is not selected by any [[gpus]] entry, so the plan does not say how to share it",
+                            gpu.index
+                        ),
+                    )),
+                    Some(d) if !hosts(model.isolation, d.sharing) => problems.push(spans.problem(
+                        &at("isolation"),
+                        format!(
+                            "isolation {:?} cannot run on GPU {}, which gpus[{}] shares as {:?}",
+                            model.isolation.as_str(),
+                            gpu.index,
+                            d.entry,
+                            d.sharing.as_str()
+                        ),
+                    )),
+                    Some(d) => candidates.push((gpu, d)),
+                },
+            }
+        }
+        None => {
+            candidates = gpus
+                .iter()
+                .filter(|(_, d)| hosts(model.isolation, d.sharing))
+                .filter_map(|(i, d)| inventory.gpu(*i).map(|g| (g, d)))
+                .collect();
+            if candidates.is_empty() && model.replicas > 0 {
+                let need = match model.isolation {
+                    Isolation::Auto => "a GPU selected by a [[gpus]] entry".to_string(),
+                    other => format!(
+                        "a GPU with sharing = {:?}",
+                        match other {
+                            Isolation::TimeSlicing => "time-slicing",
+                            Isolation::Mps => "mps",
+                            Isolation::Mig => "mig",
+                            _ => "exclusive",
+                        }
+                    ),
+                };
+                problems.push(spans.problem(
+                    &at("isolation"),
+                    format!("isolation {:?} needs {need}, and this plan has none", model.isolation.as_str()),
+                ));
+            }
+        }
+    }
+    if let Some((gpu, desired)) = candidates.iter().max_by_key(|(g, d)| capacity_mib(g, d, model.isolation)) {
+        let largest = capacity_mib(gpu, desired, model.isolation);
+        if model.memory_mib > largest {
+            problems.push(spans.problem(
+                &at("memory"),
+                format!(
+                    "{} is more than any device this model can use holds (largest: {} on GPU {}, {})",
+                    human_mib(model.memory_mib),
+                    human_mib(largest),
+                    gpu.index,
+                    gpu.name
+                ),
+            ));
+        }
+    }
+    if model.compute.is_some() && !matches!(model.isolation, Isolation::Mps | Isolation::Auto) {
+        problems.push(spans.problem(
+            &at("compute"),
+            format!(
+                "compute caps an MPS client's share of SMs; it has no effect with isolation {:?}",
+                model.isolation.as_str()
+            ),
+        ));
+    }
+    check_program(&model.command[0], &at("command[0]"), spans, problems);
+    if let Some(dir) = &model.working_dir {
+        match std::fs::metadata(dir) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => problems.push(spans.problem(&at("working_dir"), format!("{} is not a directory", dir.display()))),
+            Err(e) => problems.push(spans.problem(&at("working_dir"), format!("{}: {e}", dir.display()))),
+        }
+    }
+    check_user(model.user.as_deref(), &at("user"), spans, policy, problems);
+}
+
+fn check_program(program: &str, path: &str, spans: &Spans, problems: &mut Vec<Problem>) {
+    match std::fs::metadata(program) {
+        Ok(m) if !m.is_file() => problems.push(spans.problem(path, format!("{program} is not a file"))),
+        Ok(m) if m.permissions().mode() & 0o111 == 0 => {
+            problems.push(spans.problem(path, format!("{program} is not executable")))
+        }
+        Ok(_) => {}
+        Err(e) => problems.push(spans.problem(path, format!("{program}: {e}"))),
+    }
+}
+
+fn check_user(user: Option<&str>, path: &str, spans: &Spans, policy: &WorkerPolicy, problems: &mut Vec<Problem>) {
+    let euid = nix::unistd::geteuid();
+    let Some(name) = user.or(policy.default_user.as_deref()) else { return };
+    match nix::unistd::User::from_name(name) {
+        Ok(Some(u)) => {
+            if u.uid.is_root() && !policy.allow_root {
+                problems.push(spans.problem(path, format!("{name} is root: workers run as root only when the agent's settings say allow_root_workers = true")));
+            } else if !euid.is_root() && u.uid != euid {
+                problems.push(spans.problem(
+                    path,
+                    format!("the agent runs as uid {euid}, not root, so it cannot run workers as {name}"),
+                ));
+            }
+        }
+        Ok(None) => {
+            let origin = if user.is_some() { "" } else { " (the agent's default_user)" };
+            problems.push(spans.problem(path, format!("user {name:?}{origin} does not exist on this host")));
+        }
+        Err(e) => problems.push(spans.problem(path, format!("cannot look up user {name:?}: {e}"))),
+    }
+}

@@ -1,0 +1,187 @@
+//! Table tests of reconciliation: plan text and observed workers in, steps out.
+
+use super::*;
+use crate::inventory::{ComputeMode, Gpu, Inventory};
+use crate::plan::{check, parse};
+use crate::settings::WorkerPolicy;
+
+fn inventory(gpus: usize) -> Inventory {
+    Inventory {
+        driver_version: "test".into(),
+        gpus: (0..gpus as u32)
+            .map(|index| Gpu {
+                index,
+                uuid: format!("GPU-{index}"),
+                name: "NVIDIA H200".into(),
+                pci_device_id: 0x2335_10de,
+                pci_bus_id: String::new(),
+                memory_total_mib: 100 * 1024,
+                memory_used_mib: 0,
+                mig_current: false,
+                mig_pending: false,
+                compute_mode: ComputeMode::Default,
+                sm_count: 132,
+                profiles: Vec::new(),
+                instances: Vec::new(),
+                processes: Vec::new(),
+            })
+            .collect(),
+    }
+}
+
+fn desired(text: &str, inv: &Inventory) -> Desired {
+    let parsed = parse::parse(text);
+    let policy = WorkerPolicy { allow_root: false, default_user: None };
+    let (desired, problems) = check::check(&parsed.plan, &parsed.spans, inv, &policy);
+    assert!(parsed.problems.is_empty() && problems.is_empty(), "{:?} {problems:?}", parsed.problems);
+    desired
+}
+
+const TS2: &str = "version = 1\n[[gpus]]\nselect = \"0-1\"\nsharing = \"time-slicing\"\n";
+const EX2: &str = "version = 1\n[[gpus]]\nselect = \"0-1\"\nsharing = \"exclusive\"\n";
+const MIXED: &str = "version = 1\n[[gpus]]\nselect = \"0\"\nsharing = \"exclusive\"\n[[gpus]]\nselect = \"1\"\nsharing = \"time-slicing\"\n";
+
+fn model(name: &str, memory: &str, replicas: u32, extra: &str) -> String {
+    format!(
+        "[[models]]\nname = \"{name}\"\ncommand = [\"/usr/bin/sleep\", \"1\"]\nmemory = \"{memory}\"\nreplicas = {replicas}\n{extra}\n"
+    )
+}
+
+/// The steps as short strings: "start a/0 gpu0", "stop b/1 gpu1".
+fn render(steps: &[Step]) -> Vec<String> {
+    steps
+        .iter()
+        .map(|s| match s {
+            Step::StartWorker { spec, .. } => format!("start {} gpu{} {}", spec.key, spec.gpu, spec.isolation),
+            Step::StopWorker { key, gpu, .. } => format!("stop {key} gpu{gpu}"),
+        })
+        .collect()
+}
+
+/// Observed workers: what applying `text` from scratch would start, all running.
+fn running(text: &str, inv: &Inventory) -> Vec<Observed> {
+    let steps = reconcile(&desired(text, inv), inv, &[]).unwrap();
+    steps
+        .into_iter()
+        .filter_map(|s| match s {
+            Step::StartWorker { spec, .. } => {
+                Some(Observed { spec: *spec, pid: Some(1), active: true, last_exit: None })
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn steps_for_each_case() {
+    let inv = inventory(2);
+    let two_a = format!("{TS2}{}", model("a", "10GiB", 2, ""));
+    let cases: Vec<(&str, String, Vec<Observed>, Vec<&str>)> = vec![
+        ("empty plan, nothing running", "version = 1\n".into(), vec![], vec![]),
+        (
+            "replicas spread over GPUs",
+            two_a.clone(),
+            vec![],
+            vec!["start a/0 gpu0 time-slicing", "start a/1 gpu1 time-slicing"],
+        ),
+        ("same plan again: no steps", two_a.clone(), running(&two_a, &inv), vec![]),
+        ("model left the plan", TS2.into(), running(&two_a, &inv), vec!["stop a/0 gpu0", "stop a/1 gpu1"]),
+        (
+            "scale down stops the highest replica",
+            format!("{TS2}{}", model("a", "10GiB", 1, "")),
+            running(&two_a, &inv),
+            vec!["stop a/1 gpu1"],
+        ),
+        (
+            "a changed command restarts, stops first",
+            format!("{TS2}{}", model("a", "10GiB", 2, "")).replace("\"1\"]", "\"2\"]"),
+            running(&two_a, &inv),
+            vec!["stop a/0 gpu0", "stop a/1 gpu1", "start a/0 gpu0 time-slicing", "start a/1 gpu1 time-slicing"],
+        ),
+        (
+            "a replica that exited is started again",
+            two_a.clone(),
+            running(&two_a, &inv)
+                .into_iter()
+                .map(|mut o| {
+                    if o.spec.key.replica == 1 {
+                        o.active = false;
+                        o.pid = None;
+                    }
+                    o
+                })
+                .collect(),
+            vec!["start a/1 gpu1 time-slicing"],
+        ),
+        (
+            "exclusive: one replica per GPU",
+            format!("{EX2}{}", model("x", "50GiB", 2, "")),
+            vec![],
+            vec!["start x/0 gpu0 exclusive", "start x/1 gpu1 exclusive"],
+        ),
+        (
+            "auto prefers a shared GPU, then a whole one",
+            format!("{MIXED}{}{}", model("s", "60GiB", 1, ""), model("t", "60GiB", 1, "")),
+            vec![],
+            vec!["start s/0 gpu1 time-slicing", "start t/0 gpu0 exclusive"],
+        ),
+        (
+            "memory budgets pack: the third 40 GiB replica goes where room is left",
+            format!("{TS2}{}", model("m", "40GiB", 4, "")),
+            vec![],
+            vec![
+                "start m/0 gpu0 time-slicing",
+                "start m/1 gpu1 time-slicing",
+                "start m/2 gpu0 time-slicing",
+                "start m/3 gpu1 time-slicing",
+            ],
+        ),
+        (
+            "a pin is honoured",
+            format!("{TS2}{}", model("p", "1GiB", 2, "gpu = \"1\"")),
+            vec![],
+            vec!["start p/0 gpu1 time-slicing", "start p/1 gpu1 time-slicing"],
+        ),
+    ];
+    for (name, text, observed, want) in cases {
+        let steps = reconcile(&desired(&text, &inv), &inv, &observed).unwrap_or_else(|e| panic!("{name}: {e:?}"));
+        assert_eq!(render(&steps), want, "{name}");
+    }
+}
+
+#[test]
+fn running_replicas_stay_where_they_are() {
+    let inv = inventory(2);
+    let text = format!("{TS2}{}", model("a", "10GiB", 1, ""));
+    // a/0 runs on GPU 1, though a fresh placement would choose GPU 0.
+    let mut observed = running(&text, &inv);
+    observed[0].spec.gpu = 1;
+    observed[0].spec.device = "GPU-1".into();
+    let steps = reconcile(&desired(&text, &inv), &inv, &observed).unwrap();
+    assert!(steps.is_empty(), "{:?}", render(&steps));
+}
+
+#[test]
+fn what_cannot_be_placed_is_an_error_with_a_reason() {
+    let inv = inventory(2);
+    let cases = [
+        (
+            format!("{EX2}{}", model("x", "50GiB", 3, "")),
+            "x",
+            2,
+            "GPU 0 already runs a worker, GPU 1 already runs a worker",
+        ),
+        (
+            format!("{TS2}{}", model("m", "60GiB", 3, "")),
+            "m",
+            2,
+            "needs 60 GiB; GPU 0 has 40 GiB free, GPU 1 has 40 GiB free",
+        ),
+    ];
+    for (text, model, replica, reason) in cases {
+        let err = reconcile(&desired(&text, &inv), &inv, &[]).unwrap_err();
+        assert_eq!(err.unplaced.len(), 1, "{err:?}");
+        assert_eq!((err.unplaced[0].model.as_str(), err.unplaced[0].replica), (model, replica));
+        assert!(err.unplaced[0].reason.contains(reason), "{}", err.unplaced[0].reason);
+    }
+}

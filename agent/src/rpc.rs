@@ -1,0 +1,330 @@
+//! The gRPC layer: each handler converts the request, calls one `Agent::do_*`, and converts the
+//! answer. Only this module knows protobuf types; [`status`] is the one mapping of errors to codes.
+
+use crate::executor::Progress;
+use crate::inventory::Gpu;
+use crate::reconcile::Step;
+use crate::service::{Agent, AgentError, ApplyProgress, GpuView};
+use crate::store::{WorkerRecord, WorkerState};
+use gpu_agent_proto::v1 as pb;
+use pb::agent_server::Agent as AgentRpc;
+use prost::Message;
+use std::pin::Pin;
+use std::sync::Arc;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+pub struct Rpc {
+    pub agent: Arc<Agent>,
+}
+
+/// The one place that turns agent errors into gRPC status codes.
+pub fn status(err: AgentError) -> Status {
+    match err {
+        AgentError::InvalidPlan(problems) => {
+            let details = pb::PlanProblems {
+                problems: problems
+                    .iter()
+                    .map(|p| pb::PlanProblem {
+                        path: p.path.clone(),
+                        line: p.line,
+                        column: p.column,
+                        message: p.message.clone(),
+                    })
+                    .collect(),
+            };
+            let text = problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n");
+            Status::with_details(
+                tonic::Code::InvalidArgument,
+                format!("invalid plan:\n{text}"),
+                details.encode_to_vec().into(),
+            )
+        }
+        AgentError::NotFound(m) => Status::not_found(m),
+        AgentError::Driver(e) => Status::unavailable(e.to_string()),
+        AgentError::Store(e) => Status::internal(e.to_string()),
+        AgentError::Internal(m) => Status::internal(m),
+    }
+}
+
+pub fn gpu_pb(view: &GpuView) -> pb::Gpu {
+    let g = &view.gpu;
+    pb::Gpu {
+        index: g.index,
+        uuid: g.uuid.clone(),
+        name: g.name.clone(),
+        pci_device_id: g.pci_device_id,
+        pci_bus_id: g.pci_bus_id.clone(),
+        memory_total_mib: g.memory_total_mib,
+        memory_used_mib: g.memory_used_mib,
+        mig_current: g.mig_current,
+        mig_pending: g.mig_pending,
+        compute_mode: g.compute_mode.as_str().to_string(),
+        sharing: view.sharing.clone().unwrap_or_default(),
+        instances: g
+            .instances
+            .iter()
+            .map(|i| pb::GpuInstance {
+                id: i.id,
+                profile: i.profile.clone(),
+                profile_id: i.profile_id,
+                start: i.start,
+                size: i.size,
+                uuid: i.uuid.clone().unwrap_or_default(),
+                memory_mib: i.memory_mib,
+            })
+            .collect(),
+        processes: g
+            .processes
+            .iter()
+            .map(|p| pb::GpuProcess {
+                pid: p.pid,
+                used_mib: p.used_mib,
+                gpu_instance_id: p.gpu_instance_id,
+                mps_client: p.mps_client,
+                model: String::new(),
+                replica: None,
+            })
+            .collect(),
+        sm_count: g.sm_count,
+    }
+}
+
+fn profiles_pb(gpu: &Gpu) -> pb::ListProfilesReply {
+    pb::ListProfilesReply {
+        gpu_index: gpu.index,
+        gpu_name: gpu.name.clone(),
+        profiles: gpu
+            .profiles
+            .iter()
+            .map(|p| pb::Profile {
+                id: p.id,
+                name: p.name.clone(),
+                memory_mib: p.memory_mib,
+                sm: p.sm,
+                max: p.max,
+                placements: p.placements.iter().map(|pl| pb::Placement { start: pl.start, size: pl.size }).collect(),
+                slices: p.slices,
+                copy_engines: p.copy_engines,
+                decoders: p.decoders,
+                encoders: p.encoders,
+                jpegs: p.jpegs,
+                ofas: p.ofas,
+                nvml_index: p.nvml_index,
+            })
+            .collect(),
+    }
+}
+
+pub fn step_pb(step: &Step) -> pb::Step {
+    let mut out = pb::Step { action: step.action().to_string(), gpu: step.gpu(), ..Default::default() };
+    match step {
+        Step::StartWorker { spec, reason } => {
+            out.model = spec.key.model.clone();
+            out.replica = Some(spec.key.replica);
+            out.device = spec.device.clone();
+            out.gpu_uuid = spec.device.clone();
+            out.isolation = spec.isolation.clone();
+            out.reason = reason.clone();
+        }
+        Step::StopWorker { key, device, pid, reason, .. } => {
+            out.model = key.model.clone();
+            out.replica = Some(key.replica);
+            out.pid = *pid;
+            out.device = device.clone();
+            out.reason = reason.clone();
+        }
+    }
+    out
+}
+
+fn worker_pb(r: &WorkerRecord, used: &std::collections::HashMap<u32, u64>) -> pb::Worker {
+    pb::Worker {
+        model: r.spec.key.model.clone(),
+        replica: r.spec.key.replica,
+        pid: r.pid.unwrap_or(0),
+        state: r.state.as_str().to_string(),
+        restarts: r.restarts,
+        device: r.spec.device.clone(),
+        isolation: r.spec.isolation.clone(),
+        gpu: r.spec.gpu,
+        memory_budget_mib: r.spec.memory_mib,
+        gpu_memory_used_mib: r.pid.and_then(|p| used.get(&p).copied()).unwrap_or(0),
+        last_exit: r.last_exit.clone().unwrap_or_default(),
+        started_at_unix: r.started_at_unix,
+    }
+}
+
+type ApplyStream = Pin<Box<dyn Stream<Item = Result<pb::ApplyEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AgentRpc for Rpc {
+    async fn status(&self, _: Request<pb::StatusRequest>) -> Result<Response<pb::StatusReply>, Status> {
+        let view = self.agent.do_status().await.map_err(status)?;
+        let count = |s: WorkerState| view.workers.iter().filter(|w| w.state == s).count() as u32;
+        let gpus = view
+            .gpus
+            .iter()
+            .map(|g| pb::GpuSummary {
+                index: g.gpu.index,
+                uuid: g.gpu.uuid.clone(),
+                name: g.gpu.name.clone(),
+                sharing: g.sharing.clone().unwrap_or_default(),
+                mig_current: g.gpu.mig_current,
+                mig_pending: g.gpu.mig_pending,
+                mig_instances: g.gpu.instances.len() as u32,
+                workers: view.workers.iter().filter(|w| w.spec.gpu == g.gpu.index && w.state.active()).count() as u32,
+                memory_total_mib: g.gpu.memory_total_mib,
+                memory_used_mib: g.gpu.memory_used_mib,
+            })
+            .collect();
+        let settings = &self.agent.settings;
+        Ok(Response::new(pb::StatusReply {
+            agent_version: env!("CARGO_PKG_VERSION").to_string(),
+            driver_version: view.driver_version,
+            simulated: settings.simulate.clone().unwrap_or_default(),
+            read_only_gpus: settings.read_only_gpus,
+            gpus,
+            workers: Some(pb::WorkerCounts {
+                total: view.workers.len() as u32,
+                running: count(WorkerState::Running),
+                starting: count(WorkerState::Starting),
+                stopped: count(WorkerState::Stopped),
+                failed: count(WorkerState::Failed),
+            }),
+            last_apply: view.state.last_apply.map(|a| pb::LastApply {
+                at_unix: a.at_unix,
+                ok: a.ok,
+                source: a.source,
+                steps: a.steps,
+                message: a.message,
+            }),
+            state_dir: settings.state_dir.display().to_string(),
+            uptime_seconds: view.uptime_secs,
+        }))
+    }
+
+    async fn list_gpus(&self, _: Request<pb::ListGpusRequest>) -> Result<Response<pb::ListGpusReply>, Status> {
+        let gpus = self.agent.do_gpus().await.map_err(status)?;
+        Ok(Response::new(pb::ListGpusReply { gpus: gpus.iter().map(gpu_pb).collect() }))
+    }
+
+    async fn list_profiles(
+        &self,
+        req: Request<pb::ListProfilesRequest>,
+    ) -> Result<Response<pb::ListProfilesReply>, Status> {
+        let gpu = self.agent.do_profiles(&req.into_inner().gpu).await.map_err(status)?;
+        Ok(Response::new(profiles_pb(&gpu)))
+    }
+
+    async fn diff(&self, req: Request<pb::PlanRequest>) -> Result<Response<pb::DiffReply>, Status> {
+        let req = req.into_inner();
+        let prepared = self.agent.prepare(&req.plan_toml, &req.source).await.map_err(status)?;
+        Ok(Response::new(pb::DiffReply { steps: prepared.steps.iter().map(step_pb).collect() }))
+    }
+
+    type ApplyStream = ApplyStream;
+
+    async fn apply(&self, req: Request<pb::PlanRequest>) -> Result<Response<Self::ApplyStream>, Status> {
+        let req = req.into_inner();
+        // Validate before answering, so a bad plan is a plain INVALID_ARGUMENT status.
+        let prepared = match self.agent.prepare(&req.plan_toml, &req.source).await {
+            Ok(p) => p,
+            Err(e) => {
+                if !req.dry_run {
+                    self.agent.record_rejected(&req.source, &e);
+                }
+                return Err(status(e));
+            }
+        };
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let event = |e: pb::apply_event::Event| Ok(pb::ApplyEvent { event: Some(e) });
+        if req.dry_run {
+            let steps: Vec<_> = prepared.steps.iter().map(step_pb).collect();
+            let n = steps.len() as u32;
+            let _ = tx.send(event(pb::apply_event::Event::Plan(pb::DiffReply { steps })));
+            let _ = tx.send(event(pb::apply_event::Event::Done(pb::ApplyDone {
+                ok: true,
+                steps: n,
+                failed: 0,
+                message: format!("dry run: {n} step(s), nothing changed"),
+                dry_run: true,
+            })));
+        } else {
+            let agent = Arc::clone(&self.agent);
+            tokio::spawn(async move {
+                let send = |e| {
+                    let _ = tx.send(event(e));
+                };
+                // The apply runs to the end even if the client goes away.
+                let result = agent
+                    .do_apply(&req.plan_toml, &req.source, |p| match p {
+                        ApplyProgress::Plan(steps) => send(pb::apply_event::Event::Plan(pb::DiffReply {
+                            steps: steps.iter().map(step_pb).collect(),
+                        })),
+                        ApplyProgress::Step(Progress::Started { index, step }) => {
+                            send(pb::apply_event::Event::Started(pb::StepStarted {
+                                index: index as u32,
+                                step: Some(step_pb(&step)),
+                            }))
+                        }
+                        ApplyProgress::Step(Progress::Finished { index, step, result, millis }) => {
+                            send(pb::apply_event::Event::Finished(pb::StepFinished {
+                                index: index as u32,
+                                step: Some(step_pb(&step)),
+                                ok: result.is_ok(),
+                                error: result.err().unwrap_or_default(),
+                                millis,
+                            }))
+                        }
+                    })
+                    .await;
+                match result {
+                    Ok(o) => send(pb::apply_event::Event::Done(pb::ApplyDone {
+                        ok: o.failed == 0,
+                        steps: o.steps as u32,
+                        failed: o.failed as u32,
+                        message: if o.failed == 0 {
+                            format!("applied {} step(s)", o.steps)
+                        } else {
+                            format!("{} of {} step(s) failed", o.failed, o.steps)
+                        },
+                        dry_run: false,
+                    })),
+                    Err(e) => {
+                        agent.record_rejected(&req.source, &e);
+                        let _ = tx.send(Err(status(e)));
+                    }
+                }
+            });
+        }
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))))
+    }
+
+    async fn list_workers(&self, _: Request<pb::ListWorkersRequest>) -> Result<Response<pb::ListWorkersReply>, Status> {
+        let records = self.agent.do_workers();
+        // Real GPU memory per pid, from the driver's process lists.
+        let used = match self.agent.inventory().await {
+            Ok(inv) => inv.gpus.iter().flat_map(|g| g.processes.iter().map(|p| (p.pid, p.used_mib))).collect(),
+            Err(_) => Default::default(),
+        };
+        Ok(Response::new(pb::ListWorkersReply { workers: records.iter().map(|r| worker_pb(r, &used)).collect() }))
+    }
+
+    async fn list_events(&self, _: Request<pb::ListEventsRequest>) -> Result<Response<pb::ListEventsReply>, Status> {
+        let events = self
+            .agent
+            .do_events()
+            .into_iter()
+            .map(|e| pb::Event {
+                at_unix_ms: e.at_unix_ms,
+                level: format!("{:?}", e.level).to_lowercase(),
+                kind: e.kind.to_string(),
+                message: e.message,
+                model: e.model.unwrap_or_default(),
+                gpu: e.gpu,
+            })
+            .collect();
+        Ok(Response::new(pb::ListEventsReply { events }))
+    }
+}

@@ -1,0 +1,69 @@
+//! The Unix socket: claims it (replacing a stale file, refusing when a live agent answers on it),
+//! sets its mode to 0660, and serves gRPC on it until the shutdown future resolves.
+
+use crate::rpc::Rpc;
+use gpu_agent_proto::v1::agent_server::AgentServer;
+use std::future::Future;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use tokio::net::UnixListener;
+use tokio_stream::wrappers::UnixListenerStream;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("socket {path}: another gpu-agent is already serving on it; stop that one first or pass another --socket")]
+    InUse { path: PathBuf },
+    #[error("socket {path}: exists and is not a socket; refusing to replace it")]
+    NotASocket { path: PathBuf },
+    #[error("socket {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("socket group {group:?}: {message}")]
+    Group { group: String, message: String },
+    #[error("serving on {path}: {source}")]
+    Serve { path: PathBuf, source: tonic::transport::Error },
+}
+
+/// Binds the socket, replacing a stale one left by an agent that died.
+pub fn bind(path: &Path, group: Option<&str>) -> Result<UnixListener, ServerError> {
+    let io = |source| ServerError::Io { path: path.to_path_buf(), source };
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if !meta.file_type().is_socket() => return Err(ServerError::NotASocket { path: path.to_path_buf() }),
+        Ok(_) => match std::os::unix::net::UnixStream::connect(path) {
+            Ok(_) => return Err(ServerError::InUse { path: path.to_path_buf() }),
+            Err(_) => {
+                tracing::info!(socket = %path.display(), "replacing stale socket");
+                std::fs::remove_file(path).map_err(io)?;
+            }
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(e)),
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(io)?;
+    }
+    let listener = UnixListener::bind(path).map_err(io)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(io)?;
+    if let Some(name) = group {
+        let gid = nix::unistd::Group::from_name(name)
+            .map_err(|e| ServerError::Group { group: name.into(), message: e.to_string() })?
+            .ok_or_else(|| ServerError::Group { group: name.into(), message: "no such group".into() })?
+            .gid;
+        nix::unistd::chown(path, None, Some(gid)).map_err(|e| io(e.into()))?;
+    }
+    Ok(listener)
+}
+
+pub async fn serve(
+    listener: UnixListener,
+    path: &Path,
+    rpc: Rpc,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServerError> {
+    let result = tonic::transport::Server::builder()
+        .add_service(AgentServer::new(rpc))
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+        .await;
+    // The socket file goes with the server, so the next start finds no stale file.
+    let _ = std::fs::remove_file(path);
+    result.map_err(|source| ServerError::Serve { path: path.to_path_buf(), source })
+}

@@ -1,0 +1,8 @@
+//! Model workers: spawning ([`spawn`]), watching processes ([`proc`]) and the supervisor that
+//! keeps each worker's record true ([`supervisor`]).
+
+pub mod proc;
+pub mod spawn;
+pub mod supervisor;
+
+pub use supervisor::{Supervisor, WorkerError};

@@ -1,0 +1,132 @@
+//! The process-spawning seam: starts one worker process (argv, never a shell) in its own session,
+//! as its run-as user, with a clean environment and only stdin/stdout/stderr open.
+
+use crate::reconcile::WorkerSpec;
+use nix::unistd::{Gid, Uid, User};
+use std::ffi::CString;
+use std::fs::{File, OpenOptions};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    #[error("worker {worker}: user {user:?} does not exist")]
+    UnknownUser { worker: String, user: String },
+    #[error("worker {worker}: cannot look up user {user:?}: {source}")]
+    UserLookup { worker: String, user: String, source: nix::Error },
+    #[error("worker {worker}: log file {path}: {source}")]
+    Log { worker: String, path: PathBuf, source: std::io::Error },
+    #[error("worker {worker}: cannot start {program}: {source}")]
+    Exec { worker: String, program: String, source: std::io::Error },
+}
+
+/// Who the worker runs as, resolved before fork (lookups are not async-signal-safe).
+struct Identity {
+    uid: Uid,
+    gid: Gid,
+    groups: Vec<Gid>,
+    home: PathBuf,
+    name: String,
+}
+
+/// A started process.
+#[derive(Debug, Clone, Copy)]
+pub struct Spawned {
+    pub pid: u32,
+}
+
+/// Environment every worker gets: a fixed PATH and identity variables, the plan's `env`, then
+/// the agent's own variables, which the plan cannot override (the parser refuses them).
+pub fn worker_env(spec: &WorkerSpec, user: Option<(&str, &Path)>) -> Vec<(String, String)> {
+    let mut env =
+        vec![("PATH".to_string(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string())];
+    if let Some((name, home)) = user {
+        env.push(("USER".into(), name.into()));
+        env.push(("LOGNAME".into(), name.into()));
+        env.push(("HOME".into(), home.display().to_string()));
+    }
+    env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    env.extend([
+        ("CUDA_VISIBLE_DEVICES".to_string(), spec.device.clone()),
+        ("GPU_AGENT_MODEL".to_string(), spec.key.model.clone()),
+        ("GPU_AGENT_REPLICA".to_string(), spec.key.replica.to_string()),
+        ("GPU_AGENT_DEVICE".to_string(), spec.device.clone()),
+        ("GPU_AGENT_GPU".to_string(), spec.gpu.to_string()),
+        ("GPU_AGENT_ISOLATION".to_string(), spec.isolation.clone()),
+        ("GPU_AGENT_MEMORY_MIB".to_string(), spec.memory_mib.to_string()),
+    ]);
+    env
+}
+
+fn resolve_user(worker: &str, name: &str) -> Result<Identity, SpawnError> {
+    let user = User::from_name(name)
+        .map_err(|source| SpawnError::UserLookup { worker: worker.into(), user: name.into(), source })?
+        .ok_or_else(|| SpawnError::UnknownUser { worker: worker.into(), user: name.into() })?;
+    let cname = CString::new(name).map_err(|_| SpawnError::UnknownUser { worker: worker.into(), user: name.into() })?;
+    let groups = nix::unistd::getgrouplist(&cname, user.gid).map_err(|source| SpawnError::UserLookup {
+        worker: worker.into(),
+        user: name.into(),
+        source,
+    })?;
+    Ok(Identity { uid: user.uid, gid: user.gid, groups, home: user.dir, name: name.to_string() })
+}
+
+/// Starts the worker. `user` is the resolved run-as user name (the spec's, or the agent's
+/// default); `None` runs it as the agent's own user. Output is appended to `log_path`.
+pub fn spawn(spec: &WorkerSpec, user: Option<&str>, log_path: &Path) -> Result<Spawned, SpawnError> {
+    let worker = spec.key.to_string();
+    let identity = user.map(|u| resolve_user(&worker, u)).transpose()?;
+    // Switching users needs root; running as ourselves needs no switch at all.
+    let switch = identity.as_ref().filter(|id| id.uid != nix::unistd::geteuid());
+    let log = open_log(log_path).map_err(|source| SpawnError::Log {
+        worker: worker.clone(),
+        path: log_path.into(),
+        source,
+    })?;
+    let log2 =
+        log.try_clone().map_err(|source| SpawnError::Log { worker: worker.clone(), path: log_path.into(), source })?;
+    let workdir = spec
+        .working_dir
+        .clone()
+        .or_else(|| identity.as_ref().map(|id| id.home.clone()))
+        .filter(|d| d.is_dir())
+        .unwrap_or_else(|| "/".into());
+    let workdir_c = CString::new(workdir.as_os_str().as_encoded_bytes()).expect("paths from plans have no NUL");
+
+    let mut cmd = Command::new(&spec.command[0]);
+    cmd.args(&spec.command[1..])
+        .env_clear()
+        .envs(worker_env(spec, identity.as_ref().map(|id| (id.name.as_str(), id.home.as_path()))))
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log2);
+    let ids = switch.map(|id| (id.uid, id.gid, id.groups.clone()));
+    // SAFETY: the closure runs in the child between fork and exec, so it may only make
+    // async-signal-safe calls: setsid, setgroups, setgid, setuid and chdir are plain system calls,
+    // and it uses only data prepared before the fork (no allocation, no locks).
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::unistd::setsid()?;
+            if let Some((uid, gid, groups)) = &ids {
+                nix::unistd::setgroups(groups)?;
+                nix::unistd::setgid(*gid)?;
+                nix::unistd::setuid(*uid)?;
+            }
+            // After dropping privileges, so the directory is entered with the worker's rights.
+            nix::unistd::chdir(workdir_c.as_c_str())?;
+            Ok(())
+        });
+    }
+    // std reports a failed exec (missing program, no permission, failed setuid) as an error here.
+    let child = cmd.spawn().map_err(|source| SpawnError::Exec { worker, program: spec.command[0].clone(), source })?;
+    // The child is reaped by the supervisor through waitpid on its pid, not through `Child`.
+    Ok(Spawned { pid: child.id() })
+}
+
+fn open_log(path: &Path) -> std::io::Result<File> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    OpenOptions::new().create(true).append(true).open(path)
+}

@@ -1,0 +1,253 @@
+//! The supervisor: starts and stops workers, watches each process, and keeps every worker's
+//! record in the state file true. Workers run in their own sessions and outlive the agent; a new
+//! agent adopts them from the state file (pid plus start time).
+
+use super::proc::{self, Exit};
+use super::spawn::{self, SpawnError};
+use crate::events::{Events, Level};
+use crate::reconcile::{Observed, WorkerKey, WorkerSpec};
+use crate::settings::WorkerPolicy;
+use crate::store::{StateFile, StoreError, WorkerRecord, WorkerState};
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error(transparent)]
+    Spawn(#[from] SpawnError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("worker {0} is not known to the agent")]
+    Unknown(WorkerKey),
+    #[error("worker {key} (pid {pid}): cannot signal its process group: {source}")]
+    Signal { key: WorkerKey, pid: u32, source: nix::Error },
+}
+
+pub struct Supervisor {
+    state: Arc<StateFile>,
+    events: Arc<Events>,
+    policy: WorkerPolicy,
+    log_dir: PathBuf,
+    /// Bumped whenever any worker's process exits, so stoppers can wait for it.
+    exits: watch::Sender<u64>,
+}
+
+fn now_unix() -> i64 {
+    crate::events::now_unix_ms() / 1000
+}
+
+impl Supervisor {
+    pub fn new(state: Arc<StateFile>, events: Arc<Events>, policy: WorkerPolicy, log_dir: PathBuf) -> Arc<Supervisor> {
+        Arc::new(Supervisor { state, events, policy, log_dir, exits: watch::channel(0).0 })
+    }
+
+    /// Re-adopts workers recorded by an earlier agent: a live process with the recorded start
+    /// time is watched again; anything else is marked as exited.
+    pub fn adopt(self: &Arc<Self>) -> Result<(), StoreError> {
+        let records = self.state.snapshot().workers;
+        for rec in records.into_iter().filter(|r| r.state.active()) {
+            let key = rec.spec.key.clone();
+            match (rec.pid, rec.start_ticks) {
+                (Some(pid), Some(ticks)) if proc::same_process(pid, ticks) => {
+                    self.set(&key, |r| {
+                        r.state =
+                            if r.state == WorkerState::Stopping { WorkerState::Stopping } else { WorkerState::Running }
+                    })?;
+                    self.events.emit(
+                        Level::Info,
+                        "worker_adopted",
+                        Some(&key.model),
+                        Some(rec.spec.gpu),
+                        format!("adopted worker {key} (pid {pid})"),
+                    );
+                    self.watch(key, pid);
+                }
+                _ => {
+                    self.set(&key, |r| {
+                        r.state = WorkerState::Failed;
+                        r.pid = None;
+                        r.last_exit = Some("exited while the agent was down".into());
+                    })?;
+                    self.events.emit(
+                        Level::Warning,
+                        "worker_lost",
+                        Some(&key.model),
+                        Some(rec.spec.gpu),
+                        format!("worker {key} exited while the agent was down"),
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The workers as the reconciler needs to see them.
+    pub fn observed(&self) -> Vec<Observed> {
+        self.state
+            .snapshot()
+            .workers
+            .into_iter()
+            .map(|r| Observed { active: r.state.active(), pid: r.pid, last_exit: r.last_exit.clone(), spec: r.spec })
+            .collect()
+    }
+
+    pub fn records(&self) -> Vec<WorkerRecord> {
+        self.state.snapshot().workers
+    }
+
+    fn log_path(&self, key: &WorkerKey) -> PathBuf {
+        self.log_dir.join(format!("{}.{}.log", key.model, key.replica))
+    }
+
+    /// Starts a worker and begins watching it. A failed start leaves a `failed` record that says why.
+    pub fn start(self: &Arc<Self>, spec: WorkerSpec) -> Result<u32, WorkerError> {
+        let key = spec.key.clone();
+        let user = spec.user.clone().or_else(|| self.policy.default_user.clone());
+        let restarts = self.records().iter().find(|r| r.spec.key == key).map(|r| r.restarts).unwrap_or(0);
+        match spawn::spawn(&spec, user.as_deref(), &self.log_path(&key)) {
+            Ok(spawned) => {
+                let pid = spawned.pid;
+                let record = WorkerRecord {
+                    spec: spec.clone(),
+                    state: WorkerState::Running,
+                    pid: Some(pid),
+                    start_ticks: proc::start_ticks(pid),
+                    restarts,
+                    last_exit: None,
+                    started_at_unix: now_unix(),
+                };
+                self.put(record)?;
+                self.events.emit(
+                    Level::Info,
+                    "worker_started",
+                    Some(&key.model),
+                    Some(spec.gpu),
+                    format!("started worker {key} (pid {pid}) on {}", spec.device),
+                );
+                self.watch(key, pid);
+                Ok(pid)
+            }
+            Err(err) => {
+                let record = WorkerRecord {
+                    spec: spec.clone(),
+                    state: WorkerState::Failed,
+                    pid: None,
+                    start_ticks: None,
+                    restarts,
+                    last_exit: Some(err.to_string()),
+                    started_at_unix: now_unix(),
+                };
+                self.put(record)?;
+                self.events.emit(
+                    Level::Error,
+                    "worker_start_failed",
+                    Some(&key.model),
+                    Some(spec.gpu),
+                    err.to_string(),
+                );
+                Err(err.into())
+            }
+        }
+    }
+
+    /// Stops a worker: SIGTERM to its process group, then SIGKILL after its stop timeout.
+    /// Returns once the process is gone; the record is then removed.
+    pub async fn stop(self: &Arc<Self>, key: &WorkerKey) -> Result<(), WorkerError> {
+        let record =
+            self.records().into_iter().find(|r| &r.spec.key == key).ok_or_else(|| WorkerError::Unknown(key.clone()))?;
+        if let (Some(pid), true) = (record.pid, record.state.active()) {
+            self.set(key, |r| r.state = WorkerState::Stopping)?;
+            let mut exits = self.exits.subscribe();
+            let group = Pid::from_raw(pid as i32);
+            let alive = || self.records().iter().any(|r| &r.spec.key == key && r.state.active());
+            if let Err(e) = killpg(group, Signal::SIGTERM)
+                && e != nix::errno::Errno::ESRCH
+            {
+                return Err(WorkerError::Signal { key: key.clone(), pid, source: e });
+            }
+            let deadline = tokio::time::Instant::now() + record.spec.stop_timeout;
+            while alive() {
+                if tokio::time::timeout_at(deadline, exits.changed()).await.is_err() {
+                    self.events.emit(
+                        Level::Warning,
+                        "worker_killed",
+                        Some(&key.model),
+                        Some(record.spec.gpu),
+                        format!(
+                            "worker {key} (pid {pid}) ignored SIGTERM for {:?}: sending SIGKILL",
+                            record.spec.stop_timeout
+                        ),
+                    );
+                    let _ = killpg(group, Signal::SIGKILL);
+                    // The kill cannot be ignored; wait for the watcher to see the exit.
+                    while alive() {
+                        if tokio::time::timeout(Duration::from_secs(5), exits.changed()).await.is_err() {
+                            break;
+                        }
+                    }
+                    break;
+                }
+            }
+            // Whatever else is left in the group (children that ignored SIGTERM) goes too.
+            let _ = killpg(group, Signal::SIGKILL);
+        }
+        self.state.update(|s| s.workers.retain(|r| &r.spec.key != key))?;
+        self.events.emit(
+            Level::Info,
+            "worker_stopped",
+            Some(&key.model),
+            Some(record.spec.gpu),
+            format!("stopped worker {key}"),
+        );
+        Ok(())
+    }
+
+    /// Drops records of workers that have no process and are not in `keep`.
+    pub fn forget_inactive(&self, keep: &[WorkerKey]) -> Result<(), StoreError> {
+        self.state.update(|s| s.workers.retain(|r| r.state.active() || keep.contains(&r.spec.key)))
+    }
+
+    fn watch(self: &Arc<Self>, key: WorkerKey, pid: u32) {
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            let exit = proc::wait_exit(pid).await;
+            me.exited(&key, pid, exit);
+        });
+    }
+
+    fn exited(&self, key: &WorkerKey, pid: u32, exit: Exit) {
+        let mut gpu = None;
+        let updated = self.set(key, |r| {
+            if r.pid != Some(pid) {
+                return false;
+            }
+            gpu = Some(r.spec.gpu);
+            let stopping = r.state == WorkerState::Stopping;
+            r.state = if stopping || exit.success() { WorkerState::Stopped } else { WorkerState::Failed };
+            r.pid = None;
+            r.last_exit = Some(exit.to_string());
+            !stopping
+        });
+        if let Ok(true) = updated {
+            let level = if exit.success() { Level::Info } else { Level::Error };
+            self.events.emit(level, "worker_exited", Some(&key.model), gpu, format!("worker {key} (pid {pid}) {exit}"));
+        }
+        self.exits.send_modify(|n| *n += 1);
+    }
+
+    fn put(&self, record: WorkerRecord) -> Result<(), StoreError> {
+        self.state.update(|s| {
+            s.workers.retain(|r| r.spec.key != record.spec.key);
+            s.workers.push(record);
+            s.workers.sort_by(|a, b| a.spec.key.cmp(&b.spec.key));
+        })
+    }
+
+    fn set<R: Default>(&self, key: &WorkerKey, f: impl FnOnce(&mut WorkerRecord) -> R) -> Result<R, StoreError> {
+        self.state.update(|s| s.workers.iter_mut().find(|r| &r.spec.key == key).map(f).unwrap_or_default())
+    }
+}

@@ -1,0 +1,222 @@
+//! Applying plans: workers start with the right device and environment, re-applying is a no-op,
+//! models leaving the plan stop, and workers survive an agent restart.
+
+use crate::harness::{Agent, alive, environ};
+
+const DEMO: &str = include_str!("../../examples/demo.toml");
+
+fn env_of(pid: u64, key: &str) -> Option<String> {
+    environ(pid).into_iter().find(|(k, _)| k == key).map(|(_, v)| v)
+}
+
+#[test]
+fn demo_plan_applies_then_is_a_no_op() {
+    let agent = Agent::start("h200:8");
+    let plan = agent.write_plan("demo.toml", DEMO);
+
+    // Dry run: ordered steps, nothing changes.
+    let dry = agent.gpuctl(&["-o", "json", "apply", "-f", &plan, "--dry-run"]);
+    assert_eq!(dry.code, 0, "{dry:?}");
+    let steps = dry.json()["steps"].as_array().unwrap().clone();
+    assert_eq!(steps.len(), 6, "{dry:?}");
+    assert!(steps.iter().all(|s| s["action"] == "start_worker" && s["gpu"].is_u64()));
+    assert!(agent.worker_pids().is_empty(), "a dry run starts nothing");
+    let diff = agent.gpuctl(&["diff", "-f", &plan]);
+    assert_eq!(diff.code, 1, "diff exits 1 when something would change: {diff:?}");
+    assert!(diff.stdout.contains("+ start_worker chat-small/0 on GPU 0"), "{diff:?}");
+
+    let applied = agent.gpuctl(&["apply", "-f", &plan]);
+    assert_eq!(applied.code, 0, "{applied:?}");
+    assert!(applied.stdout.contains("applied 6 step(s)"), "{applied:?}");
+
+    let gpus = agent.gpuctl(&["-o", "json", "gpus"]).json();
+    let uuid = |i: usize| gpus["gpus"][i]["uuid"].as_str().unwrap().to_string();
+    assert_eq!(gpus["gpus"][0]["sharing"], "time-slicing");
+    assert_eq!(gpus["gpus"][2]["sharing"], "exclusive");
+    assert_eq!(gpus["gpus"][5]["sharing"], serde_json::Value::Null);
+
+    let workers = agent.gpuctl(&["-o", "json", "workers"]).json();
+    let workers = workers["workers"].as_array().unwrap();
+    assert_eq!(workers.len(), 6);
+    // Placement: a model's replicas spread over the time-slicing GPUs 0 and 1 (lowest index
+    // first); the 130 GiB model gets GPU 2 alone.
+    let expect = [
+        ("chat-small", 0, 0, "time-slicing"),
+        ("chat-small", 1, 1, "time-slicing"),
+        ("chat-small", 2, 0, "time-slicing"),
+        ("embedder", 0, 0, "time-slicing"),
+        ("embedder", 1, 1, "time-slicing"),
+        ("llm-70b", 0, 2, "exclusive"),
+    ];
+    for (w, (model, replica, gpu, isolation)) in workers.iter().zip(expect) {
+        assert_eq!((w["model"].as_str().unwrap(), w["replica"].as_u64().unwrap()), (model, replica));
+        assert_eq!(w["state"], "running", "{w}");
+        assert_eq!(w["isolation"], isolation);
+        assert_eq!(w["device"], uuid(gpu), "{model}/{replica}");
+        assert_eq!(w["restarts"], 0);
+        let pid = w["pid"].as_u64().unwrap();
+        assert!(alive(pid));
+        // The worker sees only its device, and who it is.
+        assert_eq!(env_of(pid, "CUDA_VISIBLE_DEVICES"), Some(uuid(gpu)));
+        assert_eq!(env_of(pid, "GPU_AGENT_DEVICE"), Some(uuid(gpu)));
+        assert_eq!(env_of(pid, "GPU_AGENT_MODEL").as_deref(), Some(model));
+        assert_eq!(env_of(pid, "GPU_AGENT_REPLICA"), Some(replica.to_string()));
+        // Its own session (it leads it), as the default run-as user, with a clean environment.
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split_whitespace().collect();
+        assert_eq!(fields[3], pid.to_string(), "session id of {model}/{replica}");
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap().uid;
+        assert!(
+            status.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some(&nobody.to_string())),
+            "{status}"
+        );
+        assert_eq!(env_of(pid, "GPU_SIM_STATE"), None, "the agent's own environment does not leak");
+    }
+    let embed_pid = workers[3]["pid"].as_u64().unwrap();
+    assert_eq!(env_of(embed_pid, "EMBED_BATCH").as_deref(), Some("64"));
+
+    // The worker's output lands in its log file.
+    let log = agent.state_dir.join("logs/chat-small.1.log");
+    agent.wait_for("the chat-small/1 log line", 10, || {
+        std::fs::read_to_string(&log).unwrap_or_default().contains("chat-small/1 serving on GPU-")
+    });
+
+    // Re-applying the same plan takes zero steps.
+    let diff = agent.gpuctl(&["diff", "-f", &plan]);
+    assert_eq!(diff.code, 0, "{diff:?}");
+    assert!(diff.stdout.contains("no changes"), "{diff:?}");
+    let again = agent.gpuctl(&["-o", "json", "apply", "-f", &plan]);
+    assert_eq!(again.code, 0);
+    assert_eq!(again.json()["steps"], serde_json::json!([]));
+
+    let status = agent.gpuctl(&["status"]);
+    assert!(status.stdout.contains("6 running"), "{status:?}");
+}
+
+#[test]
+fn models_leaving_the_plan_stop_and_changes_restart() {
+    let agent = Agent::start("h200:2");
+    let base = "version = 1\n[[gpus]]\nselect = \"all\"\nsharing = \"time-slicing\"\n";
+    let two = format!(
+        "{base}[[models]]\nname = \"a\"\ncommand = [\"/usr/bin/sleep\", \"600\"]\nmemory = \"10GiB\"\nreplicas = 2\n[[models]]\nname = \"b\"\ncommand = [\"/usr/bin/sleep\", \"600\"]\nmemory = \"10GiB\"\n"
+    );
+    let plan = agent.write_plan("two.toml", &two);
+    assert_eq!(agent.gpuctl(&["apply", "-f", &plan]).code, 0);
+    let before = agent.worker_pids();
+    assert_eq!(before.len(), 3);
+
+    // b leaves, a shrinks to one replica and gets a new command.
+    let one = format!("{base}[[models]]\nname = \"a\"\ncommand = [\"/usr/bin/sleep\", \"700\"]\nmemory = \"10GiB\"\n");
+    let plan = agent.write_plan("one.toml", &one);
+    let diff = agent.gpuctl(&["-o", "json", "diff", "-f", &plan]);
+    assert_eq!(diff.code, 1);
+    let actions: Vec<(String, String)> = diff.json()["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (s["action"].as_str().unwrap().to_string(), format!("{}/{}", s["model"].as_str().unwrap(), s["replica"]))
+        })
+        .collect();
+    let want = [("stop_worker", "a/1"), ("stop_worker", "b/0"), ("stop_worker", "a/0"), ("start_worker", "a/0")];
+    assert_eq!(actions, want.map(|(a, w)| (a.to_string(), w.to_string())));
+    assert_eq!(agent.gpuctl(&["apply", "-f", &plan]).code, 0);
+    for (_, _, pid, _) in &before {
+        let pid = pid.unwrap();
+        agent.wait_for("old workers to be gone", 10, || !alive(pid));
+    }
+    let after = agent.worker_pids();
+    assert_eq!(after.len(), 1);
+    assert_eq!(after[0].3, "running");
+    let cmdline = std::fs::read_to_string(format!("/proc/{}/cmdline", after[0].2.unwrap())).unwrap();
+    assert!(cmdline.contains("700"), "{cmdline}");
+
+    // An empty plan stops everything.
+    let empty = agent.write_plan("empty.toml", "version = 1\n");
+    assert_eq!(agent.gpuctl(&["apply", "-f", &empty]).code, 0);
+    assert!(agent.worker_pids().is_empty());
+}
+
+#[test]
+fn sigterm_ignoring_worker_is_killed_after_stop_timeout() {
+    let agent = Agent::start("h200:1");
+    let stubborn = "version = 1\n[[gpus]]\nselect = \"0\"\nsharing = \"time-slicing\"\n[[models]]\nname = \"stubborn\"\ncommand = [\"/bin/sh\", \"-c\", \"trap '' TERM; sleep 600 & wait\"]\nmemory = \"1GiB\"\nstop_timeout = \"300ms\"\n";
+    let plan = agent.write_plan("s.toml", stubborn);
+    assert_eq!(agent.gpuctl(&["apply", "-f", &plan]).code, 0);
+    let pid = agent.worker_pids()[0].2.unwrap();
+    // Let the shell install its trap and start its child.
+    agent.wait_for("the child sleep", 10, || {
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).is_ok_and(|c| !c.trim().is_empty())
+    });
+    let child: u64 = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let empty = agent.write_plan("empty.toml", "version = 1\n");
+    let out = agent.gpuctl(&["apply", "-f", &empty]);
+    assert_eq!(out.code, 0, "{out:?}");
+    agent.wait_for("worker and its child to be gone", 10, || !alive(pid) && !alive(child));
+    let events = agent.gpuctl(&["events"]);
+    assert!(events.stdout.contains("ignored SIGTERM"), "{events:?}");
+}
+
+#[test]
+fn crashed_worker_is_reported_and_restarted_by_the_next_apply() {
+    let agent = Agent::start("h200:1");
+    let text = "version = 1\n[[gpus]]\nselect = \"0\"\nsharing = \"time-slicing\"\n[[models]]\nname = \"crashy\"\ncommand = [\"/usr/bin/sleep\", \"600\"]\nmemory = \"1GiB\"\n";
+    let plan = agent.write_plan("c.toml", text);
+    assert_eq!(agent.gpuctl(&["apply", "-f", &plan]).code, 0);
+    let pid = agent.worker_pids()[0].2.unwrap();
+    // SAFETY: kill(2) on the worker we just started.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    agent.wait_for("the crash to be recorded", 10, || agent.worker_pids()[0].3 == "failed");
+    let workers = agent.gpuctl(&["-o", "json", "workers"]).json();
+    assert_eq!(workers["workers"][0]["last_exit"], "killed by signal 9 (SIGKILL)");
+    assert_eq!(workers["workers"][0]["pid"], serde_json::Value::Null);
+    let diff = agent.gpuctl(&["diff", "-f", &plan]);
+    assert_eq!(diff.code, 1);
+    assert!(diff.stdout.contains("not running (killed by signal 9 (SIGKILL))"), "{diff:?}");
+    assert_eq!(agent.gpuctl(&["apply", "-f", &plan]).code, 0);
+    assert_eq!(agent.worker_pids()[0].3, "running");
+}
+
+#[test]
+fn workers_survive_an_agent_restart_and_are_adopted() {
+    let mut agent = Agent::start("h200:2");
+    let text = "version = 1\n[[gpus]]\nselect = \"all\"\nsharing = \"time-slicing\"\n[[models]]\nname = \"keep\"\ncommand = [\"/usr/bin/sleep\", \"600\"]\nmemory = \"4GiB\"\nreplicas = 4\n";
+    let plan = agent.write_plan("k.toml", text);
+    assert_eq!(agent.gpuctl(&["apply", "-f", &plan]).code, 0);
+    let before = agent.worker_pids();
+    assert_eq!(agent.stop_agent(libc::SIGKILL), Some(128 + 9));
+    for (_, _, pid, _) in &before {
+        assert!(alive(pid.unwrap()), "workers outlive the agent");
+    }
+    // One worker dies while the agent is down.
+    let victim = before[3].2.unwrap();
+    // SAFETY: kill(2) on a worker this test started.
+    unsafe { libc::kill(victim as i32, libc::SIGKILL) };
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    agent.launch().unwrap();
+    // The stored plan is re-applied at start: the three live workers are adopted with the same
+    // pids, the dead one is started again.
+    let after = agent.worker_pids();
+    assert_eq!(after.len(), 4);
+    for (b, a) in before.iter().zip(&after).take(3) {
+        assert_eq!(b.2, a.2, "{} keeps its pid", a.0);
+        assert_eq!(a.3, "running");
+    }
+    assert_ne!(after[3].2, before[3].2);
+    assert_eq!(after[3].3, "running");
+    let events = agent.gpuctl(&["events"]).stdout;
+    assert!(events.contains("adopted worker keep/0"), "{events}");
+    assert!(events.contains("exited while the agent was down"), "{events}");
+    // An adopted worker that exits is still noticed.
+    let adopted = after[0].2.unwrap();
+    // SAFETY: kill(2) on a worker this test started.
+    unsafe { libc::kill(adopted as i32, libc::SIGTERM) };
+    agent.wait_for("the adopted worker's exit", 10, || agent.worker_pids()[0].3 != "running");
+}
