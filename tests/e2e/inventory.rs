@@ -144,3 +144,54 @@ fn unreachable_agent_names_the_socket() {
     assert!(out.stderr.contains(&socket.display().to_string()), "{out:?}");
     assert!(out.stderr.contains("No such file or directory"), "{out:?}");
 }
+
+/// MIG instances and GPU processes that the driver reports show up in gpuctl, and a worker's GPU
+/// memory is attributed to it. The instances and the process usage are written into the simulated
+/// driver's state, as a real driver would report them.
+#[test]
+fn instances_processes_and_memory_attribution() {
+    let agent = Agent::start("h200:1");
+    let plan = "version = 1\n[[gpus]]\nselect = \"0\"\nsharing = \"time-slicing\"\n[[models]]\nname = \"w\"\ncommand = [\"/usr/bin/sleep\", \"600\"]\nmemory = \"4GiB\"\n";
+    let plan = agent.write_plan("w.toml", plan);
+    assert_eq!(agent.gpuctl(&["apply", "-f", &plan]).code, 0);
+    let pid = agent.worker_pids()[0].2.unwrap() as u32;
+    let state = agent.state_dir.join("sim/nvml.json");
+    gpu_sim::SimHost::update(&state, |host| {
+        let gpu = &mut host.gpus[0];
+        gpu.mig_current = true;
+        gpu.mig_pending = true;
+        gpu.instances = vec![
+            gpu_sim::SimGpuInstance {
+                id: 1,
+                profile_id: 9,
+                start: 4,
+                size: 4,
+                mig_uuid: Some("MIG-11111111-2222-3333-4444-555555555555".into()),
+            },
+            gpu_sim::SimGpuInstance { id: 2, profile_id: 19, start: 0, size: 1, mig_uuid: None },
+        ];
+        gpu.processes = vec![gpu_sim::SimProcess { pid, used_mib: 3000, gpu_instance_id: None, mps_client: false }];
+        Ok::<_, ()>(())
+    })
+    .unwrap()
+    .unwrap();
+    let gpus = agent.gpuctl(&["-o", "json", "gpus"]).json();
+    let g = &gpus["gpus"][0];
+    assert_eq!(g["mig"], serde_json::json!({"current": true, "pending": true}));
+    assert_eq!(
+        g["instances"],
+        serde_json::json!([
+            {"profile": "1g.18gb", "profile_id": 19, "start": 0, "size": 1, "uuid": null, "memory_mib": 16384, "id": 2},
+            {"profile": "3g.71gb", "profile_id": 9, "start": 4, "size": 4, "uuid": "MIG-11111111-2222-3333-4444-555555555555", "memory_mib": 71424, "id": 1},
+        ])
+    );
+    assert_eq!(g["processes"][0]["pid"], pid);
+    assert_eq!(g["processes"][0]["used_mib"], 3000);
+    assert_eq!(g["memory_used_mib"], 3000);
+    let workers = agent.gpuctl(&["-o", "json", "workers"]).json();
+    assert_eq!(workers["workers"][0]["gpu_memory_used_mib"], 3000);
+    let table = agent.gpuctl(&["gpus"]).stdout;
+    assert!(table.contains("└ 3g.71gb@4  MIG-11111111-2222-3333-4444-555555555555"), "{table}");
+    let status = agent.gpuctl(&["status"]).stdout;
+    assert!(status.contains("time-slicing  on   2          1"), "{status}");
+}
