@@ -91,7 +91,7 @@ async fn initial_apply(agent: &Arc<Agent>, settings: &Settings) {
             None => return,
         },
     };
-    if let Err(e) = agent.do_apply(&text, &source, |_| {}).await {
+    if let Err(e) = agent.do_apply(&text, &source, true, |_| {}).await {
         agent.record_rejected(&source, &e);
     }
 }

@@ -1,59 +1,259 @@
 //! The thin effectful layer under reconciliation: carries out steps in order and reports each.
-//! A failed worker step does not stop the rest: every worker the plan can run is started, and the
-//! failure is reported (the worker's record says why), so the host ends in a known state.
+//!
+//! GPU setting changes are transactional: every step that changed something leaves an undo
+//! action behind, and when a MIG step fails everything this apply did is undone in reverse order
+//! (instances re-created at the same placements, MIG mode set back, drained workers started again)
+//! and reported with the failure. A failed worker start is not a reason to undo: it is reported
+//! (the worker's record says why) and the apply goes on, so the host ends in a known state.
 
-use crate::reconcile::Step;
+use crate::driver::GpuDriver;
+use crate::holders;
+use crate::reconcile::{Step, WorkerKey, WorkerSpec};
 use crate::workers::Supervisor;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 /// Progress of one apply, as the RPC layer streams it.
 #[derive(Debug, Clone)]
 pub enum Progress {
-    Started { index: usize, step: Step },
-    Finished { index: usize, step: Step, result: Result<(), String>, millis: u64 },
+    Started {
+        index: usize,
+        step: Step,
+    },
+    Finished {
+        index: usize,
+        step: Step,
+        result: Result<(), String>,
+        millis: u64,
+    },
+    /// One undo action of a rollback.
+    RolledBack {
+        action: String,
+        result: Result<(), String>,
+    },
 }
 
 #[derive(Debug, Clone, Default)]
 pub struct Outcome {
     pub steps: usize,
     pub failed: usize,
+    /// Set when a failed GPU step made the apply undo what it had done.
+    pub rolled_back: Option<RollbackReport>,
 }
 
-pub async fn execute(
-    steps: &[Step],
-    supervisor: &Arc<Supervisor>,
-    read_only_gpus: bool,
-    mut progress: impl FnMut(Progress),
-) -> Outcome {
-    let mut outcome = Outcome { steps: steps.len(), failed: 0 };
+impl Outcome {
+    /// One line for the apply record, events and gpuctl.
+    pub fn summary(&self) -> String {
+        let mut text = if self.failed == 0 {
+            format!("applied {} step(s)", self.steps)
+        } else {
+            format!("{} of {} step(s) failed", self.failed, self.steps)
+        };
+        if let Some(r) = &self.rolled_back {
+            text += &match r.failed {
+                0 => format!("; rolled back: {} action(s) undone, the host is as it was before this apply", r.actions),
+                n => format!("; rollback incomplete: {n} of {} undo action(s) failed (see gpuctl events)", r.actions),
+            };
+        }
+        text
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct RollbackReport {
+    pub actions: usize,
+    pub failed: usize,
+}
+
+/// What the executor needs from the agent.
+pub struct Context {
+    pub driver: Arc<dyn GpuDriver>,
+    pub supervisor: Arc<Supervisor>,
+    pub read_only_gpus: bool,
+    /// Where the GPUs' device nodes are (`/dev`, or the simulated host's).
+    pub device_dir: PathBuf,
+}
+
+/// How to take back one step that succeeded.
+#[derive(Debug, Clone)]
+enum Undo {
+    StartWorker(Box<WorkerSpec>),
+    StopWorker(WorkerKey),
+    CreateGpuInstance { gpu: u32, profile: String, profile_id: u32, start: u32, size: u32 },
+    DestroyGpuInstance { gpu: u32, id: u32, label: String },
+    SetMig { gpu: u32, enable: bool },
+}
+
+impl Undo {
+    fn describe(&self) -> String {
+        match self {
+            Undo::StartWorker(spec) => format!("start worker {} again", spec.key),
+            Undo::StopWorker(key) => format!("stop worker {key}"),
+            Undo::CreateGpuInstance { gpu, profile, start, .. } => format!("re-create {profile}@{start} on GPU {gpu}"),
+            Undo::DestroyGpuInstance { gpu, label, .. } => format!("destroy {label} on GPU {gpu}"),
+            Undo::SetMig { gpu, enable } => format!("turn MIG {} on GPU {gpu}", if *enable { "on" } else { "off" }),
+        }
+    }
+}
+
+pub async fn execute(steps: &[Step], ctx: &Context, mut progress: impl FnMut(Progress)) -> Outcome {
+    let mut outcome = Outcome { steps: steps.len(), ..Outcome::default() };
+    let mut undo: Vec<Undo> = Vec::new();
     for (index, step) in steps.iter().enumerate() {
         progress(Progress::Started { index, step: step.clone() });
         let began = Instant::now();
         let span = tracing::info_span!("step", index, action = step.action(), gpu = step.gpu());
-        let _guard = span.enter();
-        let result = if read_only_gpus && step.changes_gpu_settings() {
+        let result = if ctx.read_only_gpus && step.changes_gpu_settings() {
             Err(format!(
                 "{} on GPU {} changes a GPU setting, and the agent runs with --read-only-gpus",
                 step.action(),
                 step.gpu()
             ))
         } else {
-            run(step, supervisor).await
+            let _guard = span.enter();
+            run(step, ctx).await
         };
-        drop(_guard);
+        let (result, undo_action) = match result {
+            Ok(u) => (Ok(()), u),
+            Err(e) => (Err(e), None),
+        };
+        undo.extend(undo_action);
+        let failed = result.is_err();
         if let Err(e) = &result {
             outcome.failed += 1;
             tracing::error!(action = step.action(), gpu = step.gpu(), error = %e, "step failed");
         }
         progress(Progress::Finished { index, step: step.clone(), result, millis: began.elapsed().as_millis() as u64 });
+        if failed && step.changes_gpu_settings() {
+            outcome.rolled_back = Some(rollback(undo, ctx, &mut progress).await);
+            break;
+        }
     }
     outcome
 }
 
-async fn run(step: &Step, supervisor: &Arc<Supervisor>) -> Result<(), String> {
-    match step {
-        Step::StartWorker { spec, .. } => supervisor.start((**spec).clone()).map(|_| ()).map_err(|e| e.to_string()),
-        Step::StopWorker { key, .. } => supervisor.stop(key).await.map_err(|e| e.to_string()),
+async fn rollback(undo: Vec<Undo>, ctx: &Context, progress: &mut impl FnMut(Progress)) -> RollbackReport {
+    let mut report = RollbackReport::default();
+    for action in undo.into_iter().rev() {
+        report.actions += 1;
+        let result = match &action {
+            Undo::StartWorker(spec) => start_worker(spec, ctx).await.map(|_| ()),
+            Undo::StopWorker(key) => ctx.supervisor.stop(key).await.map_err(|e| e.to_string()),
+            Undo::CreateGpuInstance { gpu, profile_id, start, size, .. } => {
+                create_instance(ctx, *gpu, *profile_id, *start, *size).await.map(|_| ())
+            }
+            Undo::DestroyGpuInstance { gpu, id, .. } => blocking(ctx, {
+                let (gpu, id) = (*gpu, *id);
+                move |d| d.destroy_gpu_instance(gpu, id)
+            })
+            .await
+            .map_err(|e| e.to_string()),
+            Undo::SetMig { gpu, enable } => {
+                let (gpu, enable) = (*gpu, *enable);
+                blocking(ctx, move |d| d.set_mig_mode(gpu, enable)).await.map(|_| ()).map_err(|e| e.to_string())
+            }
+        };
+        if result.is_err() {
+            report.failed += 1;
+        }
+        tracing::warn!(action = %action.describe(), ok = result.is_ok(), "rollback");
+        progress(Progress::RolledBack { action: action.describe(), result });
     }
+    report
+}
+
+/// Runs a blocking driver call off the async threads.
+async fn blocking<T: Send + 'static>(
+    ctx: &Context,
+    f: impl FnOnce(&dyn GpuDriver) -> Result<T, crate::driver::DriverError> + Send + 'static,
+) -> Result<T, crate::driver::DriverError> {
+    let driver = Arc::clone(&ctx.driver);
+    tokio::task::spawn_blocking(move || f(driver.as_ref())).await.expect("driver call does not panic")
+}
+
+async fn create_instance(ctx: &Context, gpu: u32, profile_id: u32, start: u32, size: u32) -> Result<u32, String> {
+    let id =
+        blocking(ctx, move |d| d.create_gpu_instance(gpu, profile_id, start, size)).await.map_err(|e| e.to_string())?;
+    if let Err(e) = blocking(ctx, move |d| d.create_compute_instance(gpu, id)).await {
+        // Leave no half-made instance behind.
+        let cleanup = blocking(ctx, move |d| d.destroy_gpu_instance(gpu, id)).await;
+        let also = cleanup.err().map(|c| format!("; removing the GPU instance failed too: {c}")).unwrap_or_default();
+        return Err(format!("{e}{also}"));
+    }
+    Ok(id)
+}
+
+/// Starts a worker; one in a MIG instance gets that instance's current MIG device UUID, since an
+/// instance this apply created (or re-created) has a new one.
+async fn start_worker(spec: &WorkerSpec, ctx: &Context) -> Result<u32, String> {
+    let mut spec = spec.clone();
+    if let Some(label) = &spec.instance {
+        let gpu = spec.gpu;
+        let inventory = blocking(ctx, |d| d.inventory()).await.map_err(|e| e.to_string())?;
+        let uuid = inventory
+            .gpu(gpu)
+            .and_then(|g| g.instances.iter().find(|i| format!("{}@{}", i.profile, i.start) == *label))
+            .and_then(|i| i.uuid.clone())
+            .ok_or_else(|| format!("worker {}: MIG instance {label} on GPU {gpu} does not exist", spec.key))?;
+        spec.device = uuid;
+    }
+    ctx.supervisor.start(spec).map_err(|e| e.to_string())
+}
+
+async fn run(step: &Step, ctx: &Context) -> Result<Option<Undo>, String> {
+    match step {
+        Step::StartWorker { spec, .. } => {
+            start_worker(spec, ctx).await?;
+            Ok(Some(Undo::StopWorker(spec.key.clone())))
+        }
+        Step::StopWorker { key, .. } => {
+            let old = ctx.supervisor.records().into_iter().find(|r| &r.spec.key == key).map(|r| r.spec);
+            ctx.supervisor.stop(key).await.map_err(|e| e.to_string())?;
+            Ok(old.map(|spec| Undo::StartWorker(Box::new(spec))))
+        }
+        Step::DestroyGpuInstance { gpu, id, profile, profile_id, start, size, .. } => {
+            let (g, i) = (*gpu, *id);
+            blocking(ctx, move |d| d.destroy_gpu_instance(g, i)).await.map_err(|e| e.to_string())?;
+            Ok(Some(Undo::CreateGpuInstance {
+                gpu: *gpu,
+                profile: profile.clone(),
+                profile_id: *profile_id,
+                start: *start,
+                size: *size,
+            }))
+        }
+        Step::CreateGpuInstance { gpu, profile, profile_id, start, size, .. } => {
+            let id = create_instance(ctx, *gpu, *profile_id, *start, *size).await?;
+            Ok(Some(Undo::DestroyGpuInstance { gpu: *gpu, id, label: format!("{profile}@{start}") }))
+        }
+        Step::EnableMig { gpu, .. } | Step::DisableMig { gpu, .. } => {
+            let (gpu, enable) = (*gpu, matches!(step, Step::EnableMig { .. }));
+            let before = blocking(ctx, move |d| d.inventory()).await.map_err(|e| e.to_string())?;
+            let was = before.gpu(gpu).map(|g| g.mig_current).unwrap_or(!enable);
+            let mode = blocking(ctx, move |d| d.set_mig_mode(gpu, enable)).await.map_err(|e| {
+                let holders = holders::holders(&ctx.device_dir, gpu);
+                if holders.is_empty() { e.to_string() } else { format!("{e}; GPU {gpu} is held by {}", list(&holders)) }
+            })?;
+            if mode.current != enable {
+                let holders = holders::holders(&ctx.device_dir, gpu);
+                let who = if holders.is_empty() {
+                    "nothing the agent can see holds it (in a VM the host may need to reset it)".to_string()
+                } else {
+                    format!("it is held by {}", list(&holders))
+                };
+                // Clear the pending request, so the GPU is left as it was.
+                let _ = blocking(ctx, move |d| d.set_mig_mode(gpu, was)).await;
+                return Err(format!(
+                    "GPU {gpu}: MIG mode {} is pending: the change needs a GPU reset, which gpu-agent never does, and {who}; stop those processes and apply again",
+                    if enable { "on" } else { "off" }
+                ));
+            }
+            Ok((was != enable).then_some(Undo::SetMig { gpu, enable: was }))
+        }
+    }
+}
+
+fn list(holders: &[holders::Holder]) -> String {
+    holders.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
 }

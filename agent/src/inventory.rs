@@ -120,3 +120,60 @@ impl Gpu {
         self.profiles.iter().find(|p| p.name == name)
     }
 }
+
+/// Inventories for unit tests, from the same product table the simulated driver answers from.
+#[cfg(test)]
+pub mod test_support {
+    use super::*;
+
+    pub fn profiles(product: &str) -> Vec<Profile> {
+        let p = gpu_sim::products::find(product).expect("known product");
+        let mut out: Vec<Profile> = p
+            .profiles
+            .iter()
+            .map(|r| Profile {
+                nvml_index: r.index,
+                id: r.id,
+                name: r.name.to_string(),
+                memory_mib: r.memory_mib,
+                sm: r.sm,
+                slices: r.slices,
+                max: r.max,
+                copy_engines: r.copy_engines,
+                decoders: r.decoders,
+                encoders: r.encoders,
+                jpegs: r.jpegs,
+                ofas: r.ofas,
+                placements: r.starts.iter().map(|s| Placement { start: *s, size: r.size }).collect(),
+            })
+            .collect();
+        out.sort_by_key(|p| (p.slices, p.memory_mib, p.id));
+        out
+    }
+
+    /// `n` GPUs of `product` with MIG off and nothing running.
+    pub fn inventory(product: &str, n: u32) -> Inventory {
+        let p = gpu_sim::products::find(product).expect("known product");
+        Inventory {
+            driver_version: "test".into(),
+            gpus: (0..n)
+                .map(|index| Gpu {
+                    index,
+                    uuid: format!("GPU-{index}"),
+                    name: p.name.into(),
+                    pci_device_id: p.pci_device_id,
+                    pci_bus_id: String::new(),
+                    memory_total_mib: p.memory_mib,
+                    memory_used_mib: 0,
+                    mig_current: false,
+                    mig_pending: false,
+                    compute_mode: ComputeMode::Default,
+                    sm_count: p.sm,
+                    profiles: profiles(product),
+                    instances: Vec::new(),
+                    processes: Vec::new(),
+                })
+                .collect(),
+        }
+    }
+}

@@ -4,7 +4,7 @@ use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let settings = match Settings::load(Flags::parse()) {
+    let mut settings = match Settings::load(Flags::parse()) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("gpu-agent: {e}");
@@ -19,6 +19,7 @@ fn main() -> ExitCode {
         Some(spec) => match simulate::prepare(spec, &settings.state_dir).and_then(|state| {
             // SAFETY: no other thread exists yet; the runtime is built below.
             unsafe { simulate::export_state_path(&state) };
+            settings.device_dir = gpu_sim::device_dir(&state);
             settings.nvml_library.clone().map(Ok).unwrap_or_else(simulate::find_library)
         }) {
             Ok(lib) => Some(lib),

@@ -41,6 +41,9 @@ pub fn status(err: AgentError) -> Status {
             )
         }
         AgentError::NotFound(m) => Status::not_found(m),
+        AgentError::Refused(reasons) => {
+            Status::failed_precondition(format!("refused, nothing was changed:\n{}", reasons.join("\n")))
+        }
         AgentError::Driver(e) => Status::unavailable(e.to_string()),
         AgentError::Store(e) => Status::internal(e.to_string()),
         AgentError::Internal(m) => Status::internal(m),
@@ -87,6 +90,12 @@ pub fn gpu_pb(view: &GpuView) -> pb::Gpu {
             })
             .collect(),
         sm_count: g.sm_count,
+        memory_slices: g
+            .profiles
+            .iter()
+            .flat_map(|p| p.placements.iter().map(|pl| pl.start + pl.size))
+            .max()
+            .unwrap_or(0),
     }
 }
 
@@ -117,23 +126,34 @@ fn profiles_pb(gpu: &Gpu) -> pb::ListProfilesReply {
 }
 
 pub fn step_pb(step: &Step) -> pb::Step {
-    let mut out = pb::Step { action: step.action().to_string(), gpu: step.gpu(), ..Default::default() };
+    let mut out = pb::Step {
+        action: step.action().to_string(),
+        gpu: step.gpu(),
+        reason: step.reason().to_string(),
+        ..Default::default()
+    };
     match step {
-        Step::StartWorker { spec, reason } => {
+        Step::StartWorker { spec, .. } => {
             out.model = spec.key.model.clone();
             out.replica = Some(spec.key.replica);
             out.device = spec.device.clone();
-            out.gpu_uuid = spec.device.clone();
             out.isolation = spec.isolation.clone();
-            out.reason = reason.clone();
+            if let Some((profile, start)) = spec.instance.as_deref().and_then(|i| i.split_once('@')) {
+                out.profile = profile.to_string();
+                out.start = start.parse().ok();
+            }
         }
-        Step::StopWorker { key, device, pid, reason, .. } => {
+        Step::StopWorker { key, device, pid, .. } => {
             out.model = key.model.clone();
             out.replica = Some(key.replica);
             out.pid = *pid;
             out.device = device.clone();
-            out.reason = reason.clone();
         }
+        Step::CreateGpuInstance { profile, start, .. } | Step::DestroyGpuInstance { profile, start, .. } => {
+            out.profile = profile.clone();
+            out.start = Some(*start);
+        }
+        Step::EnableMig { .. } | Step::DisableMig { .. } => {}
     }
     out
 }
@@ -156,6 +176,96 @@ fn worker_pb(r: &WorkerRecord, used: &std::collections::HashMap<u32, u64>) -> pb
 }
 
 type ApplyStream = Pin<Box<dyn Stream<Item = Result<pb::ApplyEvent, Status>> + Send>>;
+
+fn event(e: pb::apply_event::Event) -> Result<pb::ApplyEvent, Status> {
+    Ok(pb::ApplyEvent { event: Some(e) })
+}
+
+fn progress_event(p: ApplyProgress) -> pb::apply_event::Event {
+    use pb::apply_event::Event;
+    match p {
+        ApplyProgress::Plan(steps) => Event::Plan(pb::DiffReply { steps: steps.iter().map(step_pb).collect() }),
+        ApplyProgress::Step(Progress::Started { index, step }) => {
+            Event::Started(pb::StepStarted { index: index as u32, step: Some(step_pb(&step)) })
+        }
+        ApplyProgress::Step(Progress::Finished { index, step, result, millis }) => Event::Finished(pb::StepFinished {
+            index: index as u32,
+            step: Some(step_pb(&step)),
+            ok: result.is_ok(),
+            error: result.err().unwrap_or_default(),
+            millis,
+        }),
+        ApplyProgress::Step(Progress::RolledBack { action, result }) => {
+            Event::RolledBack(pb::RolledBack { action, ok: result.is_ok(), error: result.err().unwrap_or_default() })
+        }
+    }
+}
+
+/// Apply (or dry-run) a plan and stream its progress. The plan is checked before the stream
+/// starts, so a bad or refused plan is a plain status and nothing changed.
+async fn stream_apply(
+    agent: &Arc<Agent>,
+    text: String,
+    source: String,
+    dry_run: bool,
+    drain: bool,
+) -> Result<ApplyStream, Status> {
+    let prepared = match agent.prepare(&text, &source).await {
+        Ok(p) => p,
+        Err(e) => {
+            if !dry_run {
+                agent.record_rejected(&source, &e);
+            }
+            return Err(status(e));
+        }
+    };
+    let refusals = agent.refusals(&prepared, drain);
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    if dry_run {
+        let steps: Vec<_> = prepared.steps.iter().map(step_pb).collect();
+        let n = steps.len() as u32;
+        let message = if refusals.is_empty() {
+            format!("dry run: {n} step(s), nothing changed")
+        } else {
+            format!("dry run: {n} step(s), nothing changed; applying would be refused: {}", refusals.join("; "))
+        };
+        let _ = tx.send(event(pb::apply_event::Event::Plan(pb::DiffReply { steps })));
+        let _ = tx.send(event(pb::apply_event::Event::Done(pb::ApplyDone {
+            ok: refusals.is_empty(),
+            steps: n,
+            failed: 0,
+            message,
+            dry_run: true,
+            rolled_back: false,
+        })));
+    } else {
+        if !refusals.is_empty() {
+            let err = AgentError::Refused(refusals);
+            agent.record_rejected(&source, &err);
+            return Err(status(err));
+        }
+        let agent = Arc::clone(agent);
+        tokio::spawn(async move {
+            // The apply runs to the end even if the client goes away.
+            let result = agent.do_apply(&text, &source, drain, |p| drop(tx.send(event(progress_event(p))))).await;
+            match result {
+                Ok(o) => drop(tx.send(event(pb::apply_event::Event::Done(pb::ApplyDone {
+                    ok: o.failed == 0,
+                    steps: o.steps as u32,
+                    failed: o.failed as u32,
+                    message: o.summary(),
+                    dry_run: false,
+                    rolled_back: o.rolled_back.is_some(),
+                })))),
+                Err(e) => {
+                    agent.record_rejected(&source, &e);
+                    let _ = tx.send(Err(status(e)));
+                }
+            }
+        });
+    }
+    Ok(Box::pin(tokio_stream::wrappers::UnboundedReceiverStream::new(rx)))
+}
 
 #[tonic::async_trait]
 impl AgentRpc for Rpc {
@@ -191,6 +301,8 @@ impl AgentRpc for Rpc {
                 starting: count(WorkerState::Starting),
                 stopped: count(WorkerState::Stopped),
                 failed: count(WorkerState::Failed),
+                stopping: count(WorkerState::Stopping),
+                backoff: count(WorkerState::Backoff),
             }),
             last_apply: view.state.last_apply.map(|a| pb::LastApply {
                 at_unix: a.at_unix,
@@ -227,78 +339,16 @@ impl AgentRpc for Rpc {
 
     async fn apply(&self, req: Request<pb::PlanRequest>) -> Result<Response<Self::ApplyStream>, Status> {
         let req = req.into_inner();
-        // Validate before answering, so a bad plan is a plain INVALID_ARGUMENT status.
-        let prepared = match self.agent.prepare(&req.plan_toml, &req.source).await {
-            Ok(p) => p,
-            Err(e) => {
-                if !req.dry_run {
-                    self.agent.record_rejected(&req.source, &e);
-                }
-                return Err(status(e));
-            }
-        };
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let event = |e: pb::apply_event::Event| Ok(pb::ApplyEvent { event: Some(e) });
-        if req.dry_run {
-            let steps: Vec<_> = prepared.steps.iter().map(step_pb).collect();
-            let n = steps.len() as u32;
-            let _ = tx.send(event(pb::apply_event::Event::Plan(pb::DiffReply { steps })));
-            let _ = tx.send(event(pb::apply_event::Event::Done(pb::ApplyDone {
-                ok: true,
-                steps: n,
-                failed: 0,
-                message: format!("dry run: {n} step(s), nothing changed"),
-                dry_run: true,
-            })));
-        } else {
-            let agent = Arc::clone(&self.agent);
-            tokio::spawn(async move {
-                let send = |e| {
-                    let _ = tx.send(event(e));
-                };
-                // The apply runs to the end even if the client goes away.
-                let result = agent
-                    .do_apply(&req.plan_toml, &req.source, |p| match p {
-                        ApplyProgress::Plan(steps) => send(pb::apply_event::Event::Plan(pb::DiffReply {
-                            steps: steps.iter().map(step_pb).collect(),
-                        })),
-                        ApplyProgress::Step(Progress::Started { index, step }) => {
-                            send(pb::apply_event::Event::Started(pb::StepStarted {
-                                index: index as u32,
-                                step: Some(step_pb(&step)),
-                            }))
-                        }
-                        ApplyProgress::Step(Progress::Finished { index, step, result, millis }) => {
-                            send(pb::apply_event::Event::Finished(pb::StepFinished {
-                                index: index as u32,
-                                step: Some(step_pb(&step)),
-                                ok: result.is_ok(),
-                                error: result.err().unwrap_or_default(),
-                                millis,
-                            }))
-                        }
-                    })
-                    .await;
-                match result {
-                    Ok(o) => send(pb::apply_event::Event::Done(pb::ApplyDone {
-                        ok: o.failed == 0,
-                        steps: o.steps as u32,
-                        failed: o.failed as u32,
-                        message: if o.failed == 0 {
-                            format!("applied {} step(s)", o.steps)
-                        } else {
-                            format!("{} of {} step(s) failed", o.failed, o.steps)
-                        },
-                        dry_run: false,
-                    })),
-                    Err(e) => {
-                        agent.record_rejected(&req.source, &e);
-                        let _ = tx.send(Err(status(e)));
-                    }
-                }
-            });
-        }
-        Ok(Response::new(Box::pin(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))))
+        stream_apply(&self.agent, req.plan_toml, req.source, req.dry_run, req.drain).await.map(Response::new)
+    }
+
+    type PartitionStream = ApplyStream;
+
+    async fn partition(&self, req: Request<pb::PartitionRequest>) -> Result<Response<Self::PartitionStream>, Status> {
+        let req = req.into_inner();
+        let layout = (!req.clear).then_some(req.profiles.as_slice());
+        let (text, source) = self.agent.partition_plan(&req.gpu, layout).await.map_err(status)?;
+        stream_apply(&self.agent, text, source, req.dry_run, req.drain).await.map(Response::new)
     }
 
     async fn list_workers(&self, _: Request<pb::ListWorkersRequest>) -> Result<Response<pb::ListWorkersReply>, Status> {

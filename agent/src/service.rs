@@ -20,6 +20,8 @@ pub enum AgentError {
     InvalidPlan(Vec<Problem>),
     #[error("{0}")]
     NotFound(String),
+    #[error("refused, nothing was changed: {}", .0.join("; "))]
+    Refused(Vec<String>),
     #[error(transparent)]
     Driver(#[from] DriverError),
     #[error(transparent)]
@@ -43,6 +45,7 @@ pub struct Agent {
 pub struct Prepared {
     pub desired: Desired,
     pub steps: Vec<Step>,
+    pub disruptions: Vec<reconcile::Disruption>,
     pub text: String,
     pub source: String,
 }
@@ -162,7 +165,9 @@ impl Agent {
             return Err(AgentError::InvalidPlan(problems));
         }
         let observed = self.supervisor.observed();
-        let steps = reconcile::reconcile(&desired, &inventory, &observed).map_err(|e| {
+        let pids: Vec<u32> = inventory.gpus.iter().flat_map(|g| g.processes.iter().map(|p| p.pid)).collect();
+        let owners = self.supervisor.owners(&pids);
+        let reconciled = reconcile::reconcile(&desired, &inventory, &observed, &owners).map_err(|e| {
             AgentError::InvalidPlan(
                 e.unplaced
                     .iter()
@@ -176,19 +181,74 @@ impl Agent {
                     .collect(),
             )
         })?;
-        Ok(Prepared { desired, steps, text: text.to_string(), source: source.to_string() })
+        Ok(Prepared {
+            desired,
+            steps: reconciled.steps,
+            disruptions: reconciled.disruptions,
+            text: text.to_string(),
+            source: source.to_string(),
+        })
     }
 
-    /// Applies a prepared plan, reporting progress. Recomputes the steps under the apply lock, so
-    /// two applies in a row never act on stale observations.
+    /// Why a prepared change may not run as asked: GPU settings under --read-only-gpus, or
+    /// processes it would kill without --drain (and processes that are not ours, always).
+    pub fn refusals(&self, prepared: &Prepared, drain: bool) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.settings.read_only_gpus {
+            for step in prepared.steps.iter().filter(|s| s.changes_gpu_settings()) {
+                out.push(format!(
+                    "{} on GPU {} changes a GPU setting, and the agent runs with --read-only-gpus",
+                    step.action(),
+                    step.gpu()
+                ));
+            }
+        }
+        for d in &prepared.disruptions {
+            let ours: Vec<String> = d
+                .pids
+                .iter()
+                .filter_map(|(pid, owner)| owner.as_ref().map(|k| format!("pid {pid} (model {k})")))
+                .collect();
+            let foreign: Vec<String> =
+                d.pids.iter().filter(|(_, owner)| owner.is_none()).map(|(pid, _)| format!("pid {pid}")).collect();
+            if !foreign.is_empty() {
+                out.push(format!(
+                    "{} on GPU {} would kill {}, which {} not run by this agent; stop {} first",
+                    d.what,
+                    d.gpu,
+                    foreign.join(", "),
+                    if foreign.len() == 1 { "is" } else { "are" },
+                    if foreign.len() == 1 { "it" } else { "them" }
+                ));
+            }
+            if !ours.is_empty() && !drain {
+                out.push(format!(
+                    "{} on GPU {} would kill {}; pass --drain to stop those workers first and start them again where the plan puts them",
+                    d.what,
+                    d.gpu,
+                    ours.join(", ")
+                ));
+            }
+        }
+        out
+    }
+
+    /// Applies a plan, reporting progress. Prepares it under the apply lock, so two applies in a
+    /// row never act on stale observations. A failed GPU step rolls the whole apply back; the
+    /// stored plan then stays the one before.
     pub async fn do_apply(
         &self,
         text: &str,
         source: &str,
+        drain: bool,
         mut progress: impl FnMut(ApplyProgress),
     ) -> Result<Outcome, AgentError> {
         let _apply = self.apply_lock.lock().await;
         let prepared = self.prepare(text, source).await?;
+        let refusals = self.refusals(&prepared, drain);
+        if !refusals.is_empty() {
+            return Err(AgentError::Refused(refusals));
+        }
         progress(ApplyProgress::Plan(prepared.steps.clone()));
         self.events.emit(
             Level::Info,
@@ -197,25 +257,29 @@ impl Agent {
             None,
             format!("applying {} ({} steps)", source, prepared.steps.len()),
         );
-        let outcome = executor::execute(&prepared.steps, &self.supervisor, self.settings.read_only_gpus, |p| {
-            progress(ApplyProgress::Step(p))
-        })
-        .await;
-        let keep: Vec<_> = prepared
-            .desired
-            .models
-            .iter()
-            .flat_map(|m| (0..m.replicas).map(move |r| reconcile::WorkerKey { model: m.name.clone(), replica: r }))
-            .collect();
-        self.supervisor.forget_inactive(&keep)?;
-        let ok = outcome.failed == 0;
-        let message = if ok {
-            format!("applied {} step(s)", outcome.steps)
-        } else {
-            format!("{} of {} step(s) failed", outcome.failed, outcome.steps)
+        let ctx = executor::Context {
+            driver: Arc::clone(&self.driver),
+            supervisor: Arc::clone(&self.supervisor),
+            read_only_gpus: self.settings.read_only_gpus,
+            device_dir: self.settings.device_dir.clone(),
         };
+        let outcome = executor::execute(&prepared.steps, &ctx, |p| progress(ApplyProgress::Step(p))).await;
+        let rolled_back = outcome.rolled_back.is_some();
+        if !rolled_back {
+            let keep: Vec<_> = prepared
+                .desired
+                .models
+                .iter()
+                .flat_map(|m| (0..m.replicas).map(move |r| reconcile::WorkerKey { model: m.name.clone(), replica: r }))
+                .collect();
+            self.supervisor.forget_inactive(&keep)?;
+        }
+        let ok = outcome.failed == 0;
+        let message = outcome.summary();
         self.state.update(|s| {
-            s.plan = Some(AppliedPlan { source: source.to_string(), text: text.to_string() });
+            if !rolled_back {
+                s.plan = Some(AppliedPlan { source: source.to_string(), text: text.to_string() });
+            }
             s.last_apply = Some(ApplyRecord {
                 at_unix: crate::events::now_unix_ms() / 1000,
                 ok,
@@ -227,6 +291,50 @@ impl Agent {
         let level = if ok { Level::Info } else { Level::Error };
         self.events.emit(level, "apply_finished", None, None, format!("{source}: {message}"));
         Ok(outcome)
+    }
+
+    /// The stored plan with one GPU's MIG layout replaced (`layout` None: MIG off), as plan text.
+    /// `partition set` and `partition clear` apply this, so the plan stays the one source of truth.
+    pub async fn partition_plan(&self, gpu: &str, layout: Option<&[String]>) -> Result<(String, String), AgentError> {
+        let inventory = self.inventory().await?;
+        let target = inventory.find(gpu).ok_or_else(|| {
+            AgentError::NotFound(format!("no GPU {gpu:?} on this host (it has {} GPUs)", inventory.gpus.len()))
+        })?;
+        // Check the layout here first, so its problems name the items as the operator typed them.
+        if let Some(items) = layout {
+            let mut wants = Vec::new();
+            let mut problems = Vec::new();
+            for (i, item) in items.iter().enumerate() {
+                match crate::plan::parse::parse_mig_item(item) {
+                    Ok(m) => wants.push(crate::mig::Want { profile: m.profile, start: m.start }),
+                    Err(message) => {
+                        problems.push(Problem { path: format!("profiles[{i}]"), line: 0, column: 0, message })
+                    }
+                }
+            }
+            if problems.is_empty() {
+                let name = format!("GPU {} ({})", target.index, target.name);
+                if let Err(errors) = crate::mig::plan_layout(&name, &target.profiles, &target.instances, &wants) {
+                    problems.extend(errors.into_iter().map(|e| Problem {
+                        path: e.want.map(|w| items[w].clone()).unwrap_or_default(),
+                        line: 0,
+                        column: 0,
+                        message: e.message,
+                    }));
+                }
+            }
+            if !problems.is_empty() {
+                return Err(AgentError::InvalidPlan(problems));
+            }
+        }
+        let stored = self.stored_plan().map(|p| p.text);
+        let text = crate::plan::edit::set_partition(stored.as_deref(), &inventory, target.index, layout)
+            .map_err(|e| AgentError::InvalidPlan(vec![e]))?;
+        let source = match layout {
+            Some(items) => format!("gpuctl partition set {} {}", target.index, items.join(" ")),
+            None => format!("gpuctl partition clear {}", target.index),
+        };
+        Ok((text, source))
     }
 
     /// Records a plan that failed before any step ran (the state is unchanged).

@@ -100,6 +100,8 @@ pub struct Settings {
     pub nvml_library: Option<PathBuf>,
     pub workers: WorkerPolicy,
     pub socket_group: Option<String>,
+    /// Where the GPUs' device nodes are: `/dev`, or the simulated host's device directory.
+    pub device_dir: PathBuf,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -141,6 +143,7 @@ impl Settings {
                 default_user: file.default_user.or_else(|| running_as_root.then(|| "nobody".to_string())),
             },
             socket_group: file.socket_group,
+            device_dir: PathBuf::from("/dev"),
         };
         // Refuse rather than silently ignore what this version cannot serve yet.
         if settings.metrics_listen.is_some() {

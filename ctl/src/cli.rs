@@ -50,6 +50,9 @@ pub enum Command {
         /// GPU index or UUID
         gpu: String,
     },
+    /// MIG layouts: show, set or clear one GPU's
+    #[command(subcommand)]
+    Partition(PartitionCmd),
     /// Make the host match a plan
     Apply(PlanArgs),
     /// The steps `apply` would take (exit 0: none, 1: some, above 1: error)
@@ -68,6 +71,47 @@ pub struct PlanArgs {
     /// Print the ordered steps and change nothing
     #[arg(long)]
     pub dry_run: bool,
+    /// Allow steps that kill running workers (destroying their MIG instance, switching MIG mode
+    /// under them): stop those workers first and start them again where the plan puts them
+    #[arg(long)]
+    pub drain: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PartitionCmd {
+    /// MIG layout of every GPU with MIG on (or of one GPU), with the workers in each instance
+    Show {
+        /// GPU index or UUID
+        gpu: Option<String>,
+    },
+    /// Make this GPU's MIG layout exactly these instances (enables MIG when needed); existing
+    /// instances that match stay untouched
+    Set {
+        /// GPU index or UUID
+        gpu: String,
+        /// PROFILE or PROFILE@START, e.g. 3g.71gb 2g.35gb 1g.18gb@6
+        #[arg(required = true, value_name = "PROFILE[@START]")]
+        profiles: Vec<String>,
+        #[command(flatten)]
+        change: ChangeArgs,
+    },
+    /// Destroy this GPU's instances and turn MIG off (the GPU is then time-sliced)
+    Clear {
+        /// GPU index or UUID
+        gpu: String,
+        #[command(flatten)]
+        change: ChangeArgs,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct ChangeArgs {
+    /// Print the ordered steps and change nothing
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Stop the workers in instances that must go first, and start them again afterwards
+    #[arg(long)]
+    pub drain: bool,
 }
 
 #[derive(Debug, Args)]

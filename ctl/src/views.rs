@@ -239,9 +239,20 @@ impl From<&pb::Step> for Step {
 pub struct Applied {
     pub steps: Vec<Step>,
     pub results: Vec<StepResult>,
+    /// Undo actions, when a failed GPU step rolled the apply back.
+    pub rollback: Vec<RollbackAction>,
     pub ok: bool,
     pub dry_run: bool,
+    pub rolled_back: bool,
     pub message: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RollbackAction {
+    pub action: String,
+    pub ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 #[derive(Debug, Serialize)]

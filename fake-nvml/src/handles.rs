@@ -2,21 +2,23 @@
 //! the caller) ever dereferences it. Decoding only says what a handle names: whether that GPU,
 //! instance or MIG device still exists is checked against the state (see `target`).
 //!
-//! | handle                    | value                             |
-//! |---------------------------|-----------------------------------|
-//! | GPU `i`                   | `0x1000 + i`                      |
-//! | MIG device (GPU, GI id)   | `0x10_0000 + gpu * 0x100 + gi`    |
-//! | GPU instance (GPU, GI id) | `0x20_0000 + gpu * 0x100 + gi`    |
+//! | handle                            | value                             |
+//! |-----------------------------------|-----------------------------------|
+//! | GPU `i`                           | `0x1000 + i`                      |
+//! | MIG device (GPU, GI id)           | `0x10_0000 + gpu * 0x100 + gi`    |
+//! | GPU instance (GPU, GI id)         | `0x20_0000 + gpu * 0x100 + gi`    |
+//! | compute instance (GPU, its GI id) | `0x30_0000 + gpu * 0x100 + gi`    |
 //!
-//! Compute instances (when MIG create/destroy arrive) can take `0x30_0000` onwards in the same
-//! way. Value 0 is never a handle, so a zeroed handle is `INVALID_ARGUMENT`.
+//! A GPU instance has at most one compute instance (id 0, full width), so the GPU instance
+//! names it. Value 0 is never a handle, so a zeroed handle is `INVALID_ARGUMENT`.
 
-use nvml_wrapper_sys::bindings::{nvmlDevice_t, nvmlGpuInstance_t};
+use nvml_wrapper_sys::bindings::{nvmlComputeInstance_t, nvmlDevice_t, nvmlGpuInstance_t};
 use std::ptr;
 
 const GPU_BASE: usize = 0x1000;
 const MIG_BASE: usize = 0x10_0000;
 const GPU_INSTANCE_BASE: usize = 0x20_0000;
+const COMPUTE_INSTANCE_BASE: usize = 0x30_0000;
 /// GPU instance ids per GPU in the MIG and GPU instance ranges.
 const PER_GPU: usize = 0x100;
 /// GPUs a range can name: `MAX_GPUS * PER_GPU` is each range's width.
@@ -34,6 +36,13 @@ pub enum Device {
 /// What a GPU instance handle names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GpuInstance {
+    pub gpu: u32,
+    pub gi: u32,
+}
+
+/// What a compute instance handle names: the one compute instance of GPU instance `gi`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ComputeInstance {
     pub gpu: u32,
     pub gi: u32,
 }
@@ -77,6 +86,16 @@ impl GpuInstance {
     }
 }
 
+impl ComputeInstance {
+    pub fn encode(self) -> Option<nvmlComputeInstance_t> {
+        pair(COMPUTE_INSTANCE_BASE, self.gpu, self.gi).map(ptr::without_provenance_mut)
+    }
+
+    pub fn decode(handle: nvmlComputeInstance_t) -> Option<ComputeInstance> {
+        unpair(COMPUTE_INSTANCE_BASE, handle.addr()).map(|(gpu, gi)| ComputeInstance { gpu, gi })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,6 +130,25 @@ mod tests {
             assert_eq!(handle.addr(), addr, "{instance:?}");
             assert_eq!(GpuInstance::decode(handle), Some(instance), "{addr:#x}");
         }
+    }
+
+    #[test]
+    fn compute_instance_handles_round_trip() {
+        let cases = [
+            (ComputeInstance { gpu: 0, gi: 1 }, 0x30_0001),
+            (ComputeInstance { gpu: 2, gi: 7 }, 0x30_0207),
+            (ComputeInstance { gpu: 0xfff, gi: 0xff }, 0x3f_ffff),
+        ];
+        for (instance, addr) in cases {
+            let handle = instance.encode().unwrap();
+            assert_eq!(handle.addr(), addr, "{instance:?}");
+            assert_eq!(ComputeInstance::decode(handle), Some(instance), "{addr:#x}");
+        }
+        // A GPU instance handle is not a compute instance handle, nor the reverse.
+        for addr in [0, 0x20_0001, 0x2f_ffff, 0x40_0000] {
+            assert_eq!(ComputeInstance::decode(ptr::without_provenance_mut(addr)), None, "{addr:#x}");
+        }
+        assert_eq!(ComputeInstance { gpu: 0, gi: 0x100 }.encode(), None);
     }
 
     #[test]

@@ -10,13 +10,35 @@
 //! null or valid for what its name says (writes of one value, or a buffer of the given length);
 //! null output pointers are answered `NVML_ERROR_INVALID_ARGUMENT`. Handles are opaque integers
 //! (see `handles`) and never dereferenced.
+//!
+//! Calls that change the host (MIG mode, GPU and compute instances) read, change and write the
+//! state under one lock (`session::write`). Each first counts itself against the state's
+//! `faults` (`SimHost::fault`, by exported function name and GPU index): a fault that fires is
+//! the call's answer, and nothing but its counter changes.
+//!
+//! Modules, by what they answer:
+//! - `system`: init and shutdown, versions, device count, device handles by index, UUID, bus id;
+//! - `device`: a device's identity, memory, architecture, MIG mode (read), compute and
+//!   persistence mode;
+//! - `mig_mode`: `nvmlDeviceSetMigMode`, with `holders` finding processes that hold a GPU;
+//! - `profiles`: GPU instance profiles, placements, remaining capacity;
+//! - `instances`: GPU instances: list, get, create (driver's or given placement), destroy;
+//! - `compute`: compute instances (the full-width one per GPU instance): profiles, create,
+//!   list, get, info, destroy;
+//! - `mig`: MIG device handles and their ids;
+//! - `process`: running processes per device.
+//!
+//! Helpers: `call`, `ffi`, `handles`, `pci`, `ret`, `session`, `target`.
 
 mod call;
+mod compute;
 mod device;
 mod ffi;
 mod handles;
+mod holders;
 mod instances;
 mod mig;
+mod mig_mode;
 mod pci;
 mod process;
 mod profiles;

@@ -135,31 +135,57 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstancePossiblePlacements_v2(
     })
 }
 
+/// Whether `row` is a media-extension ("+me") profile. A GPU has one set of media engines for
+/// them, so at most one instance of any "+me" profile exists at a time (unverified for the
+/// A30's two "+me" profiles together).
+fn media_extended(row: &ProfileRow) -> bool {
+    row.name.ends_with("+me")
+}
+
+/// Compute slices a product's MIG layout has: its widest profile's `slices` (7, or 4 on the A30).
+fn compute_slices(product: &Product) -> u32 {
+    product.profiles.iter().map(|r| r.slices).max().unwrap_or(0)
+}
+
+/// Whether `size` memory slices from `start` overlap an existing instance.
+fn overlaps(start: u32, size: u32, taken: &[(u32, u32)]) -> bool {
+    taken.iter().any(|&(a, b)| start < b && a < start + size)
+}
+
 /// How many more instances of `row` fit beside `existing`: at most `row.max` of one profile,
-/// as many non-overlapping free placements as there are, and no more compute slices than the
-/// product has (its widest profile's `slices`: 7, or 4 on the A30). The probe confirms the
-/// answers for an empty H200; the placement and compute-slice rules beside existing instances
-/// are unverified.
+/// one "+me" instance of any profile, as many non-overlapping free placements as there are,
+/// and no more compute slices than the product has ([`compute_slices`]). The probe confirms
+/// the answers for an empty H200; the placement, "+me" and compute-slice rules beside existing
+/// instances are unverified.
 pub fn remaining_capacity(product: &Product, row: &ProfileRow, existing: &[SimGpuInstance]) -> u32 {
+    let rows = || existing.iter().filter_map(|i| product.profile_by_id(i.profile_id));
+    if media_extended(row) && rows().any(media_extended) {
+        return 0;
+    }
     let same = existing.iter().filter(|i| i.profile_id == row.id).count() as u32;
     let by_max = row.max.saturating_sub(same);
 
-    let compute_slices = product.profiles.iter().map(|r| r.slices).max().unwrap_or(0);
-    let used_slices: u32 = existing.iter().filter_map(|i| product.profile_by_id(i.profile_id)).map(|r| r.slices).sum();
-    let by_slices = compute_slices.saturating_sub(used_slices) / row.slices.max(1);
+    let used_slices: u32 = rows().map(|r| r.slices).sum();
+    let by_slices = compute_slices(product).saturating_sub(used_slices) / row.slices.max(1);
 
     // Placements of one profile all have the same size, so taking the free ones from the lowest
     // start up packs the most.
     let mut taken: Vec<(u32, u32)> = existing.iter().map(|i| (i.start, i.start + i.size)).collect();
     let mut by_placement = 0;
     for &start in row.starts {
-        let (lo, hi) = (start, start + row.size);
-        if taken.iter().all(|&(a, b)| hi <= a || b <= lo) {
-            taken.push((lo, hi));
+        if !overlaps(start, row.size, &taken) {
+            taken.push((start, start + row.size));
             by_placement += 1;
         }
     }
     by_max.min(by_slices).min(by_placement)
+}
+
+/// Whether one more instance of `row` fits at `start` (one of `row.starts`) beside `existing`:
+/// the placement is free and [`remaining_capacity`] is not 0.
+pub fn fits_at(product: &Product, row: &ProfileRow, start: u32, existing: &[SimGpuInstance]) -> bool {
+    let taken: Vec<(u32, u32)> = existing.iter().map(|i| (i.start, i.start + i.size)).collect();
+    !overlaps(start, row.size, &taken) && remaining_capacity(product, row, existing) > 0
 }
 
 /// With MIG off, answered as for an empty GPU (probed on the H200).
@@ -207,9 +233,10 @@ mod tests {
         let two_one_g = [instance(3, 19, 0, 1), instance(4, 19, 6, 1)];
         let seven_g = [instance(0, 0, 0, 8)];
         let me = [instance(5, 20, 3, 1)];
+        let a30_me = [instance(1, 21, 0, 1)];
         // (product, existing, [(profile id, remaining)])
         type Case<'a> = (&'a Product, &'a [SimGpuInstance], &'a [(u32, u32)]);
-        let cases: [Case; 7] = [
+        let cases: [Case; 8] = [
             // The probed answers for an empty H200, and the rest of its profiles.
             (h200, empty, &[(19, 7), (20, 1), (15, 4), (14, 3), (9, 2), (5, 1), (0, 1)]),
             // 3g at slices 4..8: the low half is free.
@@ -222,6 +249,8 @@ mod tests {
             // The one +me instance: no second, and the 1g count drops by one.
             (h200, &me, &[(20, 0), (19, 6)]),
             (a30, empty, &[(14, 4), (21, 1), (5, 2), (6, 1), (0, 1)]),
+            // The A30's two "+me" profiles share its one set of media engines.
+            (a30, &a30_me, &[(6, 0), (21, 0), (5, 1), (14, 3)]),
         ];
         for (product, existing, answers) in cases {
             for &(id, want) in answers {

@@ -13,6 +13,8 @@ pub const NOT_SUPPORTED: nvmlReturn_t = b::nvmlReturn_enum_NVML_ERROR_NOT_SUPPOR
 pub const NOT_FOUND: nvmlReturn_t = b::nvmlReturn_enum_NVML_ERROR_NOT_FOUND;
 pub const INSUFFICIENT_SIZE: nvmlReturn_t = b::nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE;
 pub const DRIVER_NOT_LOADED: nvmlReturn_t = b::nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED;
+pub const IN_USE: nvmlReturn_t = b::nvmlReturn_enum_NVML_ERROR_IN_USE;
+pub const INSUFFICIENT_RESOURCES: nvmlReturn_t = b::nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES;
 pub const ARGUMENT_VERSION_MISMATCH: nvmlReturn_t = b::nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
 pub const UNKNOWN: nvmlReturn_t = b::nvmlReturn_enum_NVML_ERROR_UNKNOWN;
 

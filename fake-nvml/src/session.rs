@@ -1,6 +1,7 @@
-//! `nvmlInit` / `nvmlShutdown` reference counting, and the state file every call reads.
+//! `nvmlInit` / `nvmlShutdown` reference counting, the state file every call reads, and
+//! [`write`], through which every call that changes the state reads, changes and writes it.
 
-use crate::ret::{DRIVER_NOT_LOADED, Res, UNINITIALIZED, UNKNOWN};
+use crate::ret::{DRIVER_NOT_LOADED, Res, UNINITIALIZED, UNKNOWN, nvmlReturn_t};
 use gpu_sim::{STATE_ENV, SimHost};
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -76,4 +77,38 @@ pub fn host() -> Res<SimHost> {
         eprintln!("fake-nvml: {e}");
         UNKNOWN
     })
+}
+
+/// Runs the state change `f` of the exported function `call` about GPU `gpu`, under one lock of
+/// the state (read, change, write back).
+///
+/// The call is first counted against the state's faults (`SimHost::fault`): when one fires, its
+/// code is the answer and nothing else changes, but the counters are written back. Every call
+/// counts, whether or not it would have succeeded. When `f` fails, whatever it changed is
+/// dropped; only the fault counters are kept (written only if they moved).
+pub fn write<T>(call: &str, gpu: u32, f: impl FnOnce(&mut SimHost) -> Res<T>) -> Res<T> {
+    let path = state_path()?;
+    // Outer Err: nothing to write; Ok(Err(code)): write (the fault counters), then fail.
+    let outcome = SimHost::update(&path, |host| -> Result<Res<T>, nvmlReturn_t> {
+        let faults_before = host.faults.clone();
+        if let Some(code) = host.fault(call, Some(gpu)) {
+            return Ok(Err(code));
+        }
+        let counted = host.clone();
+        match f(host) {
+            Ok(value) => Ok(Ok(value)),
+            Err(code) => {
+                *host = counted;
+                if host.faults == faults_before { Err(code) } else { Ok(Err(code)) }
+            }
+        }
+    });
+    match outcome {
+        Ok(Ok(result)) => result,
+        Ok(Err(code)) => Err(code),
+        Err(e) => {
+            eprintln!("fake-nvml: {e}");
+            Err(UNKNOWN)
+        }
+    }
 }

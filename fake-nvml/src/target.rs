@@ -1,5 +1,5 @@
-//! Resolving handles against the state just read: which GPU, GPU instance or MIG device a call
-//! is about, or `INVALID_ARGUMENT` for a handle that names nothing (any more).
+//! Resolving handles against the state just read: which GPU, GPU instance, compute instance or
+//! MIG device a call is about, or `INVALID_ARGUMENT` for a handle that names nothing (any more).
 //!
 //! Unverified: real NVML's answer when a MIG device handle is passed to a whole-GPU call (PCI
 //! info, MIG mode, profiles...) or a GPU handle to a MIG-only call. We answer
@@ -9,7 +9,7 @@ use crate::handles::{self, Device};
 use crate::ret::{INVALID_ARGUMENT, Res, UNKNOWN};
 use gpu_sim::products::{Product, ProfileRow};
 use gpu_sim::{SimGpu, SimGpuInstance, SimHost};
-use nvml_wrapper_sys::bindings::{nvmlDevice_t, nvmlGpuInstance_t};
+use nvml_wrapper_sys::bindings::{nvmlComputeInstance_t, nvmlDevice_t, nvmlGpuInstance_t};
 
 /// A whole GPU of the host.
 #[derive(Clone, Copy)]
@@ -62,6 +62,16 @@ pub fn resolve_gpu_instance(host: &SimHost, handle: nvmlGpuInstance_t) -> Res<(G
     let handles::GpuInstance { gpu: index, gi } = handles::GpuInstance::decode(handle).ok_or(INVALID_ARGUMENT)?;
     let gpu = gpu(host, index).ok_or(INVALID_ARGUMENT)?;
     let instance = gpu.instances().iter().find(|i| i.id == gi).ok_or(INVALID_ARGUMENT)?;
+    Ok((gpu, instance))
+}
+
+/// A compute instance handle whose GPU instance still exists and still has its compute
+/// instance.
+pub fn resolve_compute_instance(host: &SimHost, handle: nvmlComputeInstance_t) -> Res<(Gpu<'_>, &SimGpuInstance)> {
+    let handles::ComputeInstance { gpu: index, gi } =
+        handles::ComputeInstance::decode(handle).ok_or(INVALID_ARGUMENT)?;
+    let gpu = gpu(host, index).ok_or(INVALID_ARGUMENT)?;
+    let instance = gpu.instances().iter().find(|i| i.id == gi && i.mig_uuid.is_some()).ok_or(INVALID_ARGUMENT)?;
     Ok((gpu, instance))
 }
 

@@ -8,4 +8,4 @@ pub mod state;
 
 pub use products::{Product, ProfileRow, Source};
 pub use spec::SimSpec;
-pub use state::{STATE_ENV, SimGpu, SimGpuInstance, SimHost, SimProcess};
+pub use state::{Fault, STATE_ENV, SimGpu, SimGpuInstance, SimHost, SimProcess, device_dir};

@@ -38,6 +38,39 @@ pub enum StateError {
 pub struct SimHost {
     pub spec: String,
     pub gpus: Vec<SimGpu>,
+    /// Calls told to fail, so tests can reach every error path of the agent.
+    #[serde(default)]
+    pub faults: Vec<Fault>,
+}
+
+/// Makes a named NVML call fail: after `after` matching calls have succeeded, the next `times`
+/// matching calls return `code` (an `nvmlReturn_t`). `seen` counts matching calls so far.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Fault {
+    /// The exported function's name, e.g. `nvmlDeviceCreateGpuInstanceWithPlacement`.
+    pub call: String,
+    /// Only calls about this GPU index; None: any GPU.
+    #[serde(default)]
+    pub gpu: Option<u32>,
+    #[serde(default)]
+    pub after: u64,
+    #[serde(default = "one")]
+    pub times: u64,
+    pub code: u32,
+    #[serde(default)]
+    pub seen: u64,
+}
+
+fn one() -> u64 {
+    1
+}
+
+impl Fault {
+    /// Counts one matching call and says whether it must fail (and with which code).
+    pub fn hit(&mut self) -> Option<u32> {
+        self.seen += 1;
+        (self.seen > self.after && self.seen <= self.after + self.times).then_some(self.code)
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -102,7 +135,18 @@ impl SimHost {
                 processes: Vec::new(),
             })
             .collect();
-        SimHost { spec: spec.to_string(), gpus }
+        SimHost { spec: spec.to_string(), gpus, faults: Vec::new() }
+    }
+
+    /// Counts a call against the faults that match it; the first that fires gives the error code.
+    pub fn fault(&mut self, call: &str, gpu: Option<u32>) -> Option<u32> {
+        let mut fired = None;
+        for f in self.faults.iter_mut().filter(|f| f.call == call && (f.gpu.is_none() || f.gpu == gpu)) {
+            if let Some(code) = f.hit() {
+                fired = fired.or(Some(code));
+            }
+        }
+        fired
     }
 
     /// Loads the host at `path`, or creates it for `spec` when the file does not exist yet.
@@ -111,6 +155,8 @@ impl SimHost {
         let _lock = lock(path)?;
         match Self::read(path) {
             Ok(host) => {
+                make_device_nodes(path, host.gpus.len())
+                    .map_err(|source| StateError::Io { path: device_dir(path), source })?;
                 if host.spec != spec.to_string() {
                     return Err(StateError::SpecMismatch {
                         path: path.to_path_buf(),
@@ -123,6 +169,8 @@ impl SimHost {
             Err(StateError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
                 let host = SimHost::new(spec);
                 host.write(path)?;
+                make_device_nodes(path, host.gpus.len())
+                    .map_err(|source| StateError::Io { path: device_dir(path), source })?;
                 Ok(host)
             }
             Err(e) => Err(e),
@@ -182,6 +230,22 @@ impl SimGpu {
     }
 }
 
+/// Directory of the simulated host's device nodes (`nvidiactl`, `nvidia0`, ...): plain files that
+/// stand in for `/dev/nvidia*`. A process that holds one open holds that GPU, as on a real host
+/// (an Ampere MIG mode change then stays pending).
+pub fn device_dir(state_path: &Path) -> PathBuf {
+    state_path.parent().unwrap_or(Path::new(".")).join("dev")
+}
+
+fn make_device_nodes(state_path: &Path, gpus: usize) -> std::io::Result<()> {
+    let dir = device_dir(state_path);
+    fs::create_dir_all(&dir)?;
+    for name in std::iter::once("nvidiactl".to_string()).chain((0..gpus).map(|i| format!("nvidia{i}"))) {
+        OpenOptions::new().create(true).truncate(false).write(true).open(dir.join(name))?;
+    }
+    Ok(())
+}
+
 /// Holds the exclusive lock on `<state>.lock` for as long as it lives.
 pub struct StateLock(#[allow(dead_code)] Flock<File>);
 
@@ -213,6 +277,26 @@ mod tests {
         let other: SimSpec = "a30:1".parse().unwrap();
         let err = SimHost::prepare(&path, &other).unwrap_err().to_string();
         assert!(err.contains("holds a host of h200:2, not a30:1"), "{err}");
+    }
+
+    #[test]
+    fn faults_fire_after_and_for_times() {
+        let mut host = SimHost::new(&"h200:2".parse().unwrap());
+        host.faults.push(Fault { call: "create".into(), gpu: Some(1), after: 2, times: 2, code: 7, seen: 0 });
+        let got: Vec<Option<u32>> = (0..6).map(|_| host.fault("create", Some(1))).collect();
+        assert_eq!(got, [None, None, Some(7), Some(7), None, None]);
+        assert_eq!(host.fault("create", Some(0)), None, "other GPU");
+        assert_eq!(host.fault("destroy", Some(1)), None, "other call");
+    }
+
+    #[test]
+    fn device_nodes_are_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sim/nvml.json");
+        SimHost::prepare(&path, &"a30:2".parse().unwrap()).unwrap();
+        for name in ["nvidiactl", "nvidia0", "nvidia1"] {
+            assert!(device_dir(&path).join(name).is_file(), "{name}");
+        }
     }
 
     #[test]

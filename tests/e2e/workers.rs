@@ -119,7 +119,7 @@ fn models_leaving_the_plan_stop_and_changes_restart() {
             (s["action"].as_str().unwrap().to_string(), format!("{}/{}", s["model"].as_str().unwrap(), s["replica"]))
         })
         .collect();
-    let want = [("stop_worker", "a/1"), ("stop_worker", "b/0"), ("stop_worker", "a/0"), ("start_worker", "a/0")];
+    let want = [("stop_worker", "a/0"), ("stop_worker", "a/1"), ("stop_worker", "b/0"), ("start_worker", "a/0")];
     assert_eq!(actions, want.map(|(a, w)| (a.to_string(), w.to_string())));
     assert_eq!(agent.gpuctl(&["apply", "-f", &plan]).code, 0);
     for (_, _, pid, _) in &before {

@@ -16,7 +16,39 @@ pub enum DriverError {
     Gpu { gpu: u32, call: &'static str, source: nvml_wrapper::error::NvmlError },
 }
 
+impl DriverError {
+    /// The NVML error underneath, for callers that react to a specific code.
+    pub fn nvml(&self) -> &nvml_wrapper::error::NvmlError {
+        match self {
+            DriverError::Load { source, .. } | DriverError::Host { source, .. } | DriverError::Gpu { source, .. } => {
+                source
+            }
+        }
+    }
+}
+
+/// MIG mode after a change was asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MigMode {
+    pub current: bool,
+    pub pending: bool,
+}
+
 pub trait GpuDriver: Send + Sync {
     /// Reads every GPU: identity, memory, MIG mode and profiles, instances, processes.
     fn inventory(&self) -> Result<Inventory, DriverError>;
+
+    /// Asks for MIG mode on or off and returns the mode afterwards. A mode that needs a GPU reset
+    /// which could not happen (Ampere, something holds the GPU) comes back pending.
+    fn set_mig_mode(&self, gpu: u32, enable: bool) -> Result<MigMode, DriverError>;
+
+    /// Creates a GPU instance of `profile_id` at `start` (explicit placement, never the
+    /// driver's choice) and returns its id.
+    fn create_gpu_instance(&self, gpu: u32, profile_id: u32, start: u32, size: u32) -> Result<u32, DriverError>;
+
+    /// Creates the full-width compute instance in GPU instance `gi`, which makes it a MIG device.
+    fn create_compute_instance(&self, gpu: u32, gi: u32) -> Result<(), DriverError>;
+
+    /// Destroys GPU instance `gi`, its compute instances first.
+    fn destroy_gpu_instance(&self, gpu: u32, gi: u32) -> Result<(), DriverError>;
 }

@@ -2,15 +2,16 @@
 //! not wrap (or wraps wrongly: `possible_placements` in 0.13 always returns an empty list) go
 //! through its raw function table, `Nvml::lib()`.
 
-use super::{DriverError, GpuDriver};
+use super::{DriverError, GpuDriver, MigMode};
 use crate::inventory::{ComputeMode as Mode, Gpu, GpuInstance, GpuProcess, Inventory, Placement, Profile};
 use nvml_wrapper::enum_wrappers::device::ComputeMode;
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::{NvmlError, nvml_try};
 use nvml_wrapper::{Device, Nvml};
 use nvml_wrapper_sys::bindings::{
-    NVML_GPU_INSTANCE_PROFILE_COUNT, nvmlGpuInstance_t, nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t,
-    nvmlGpuInstanceProfileInfo_v2_t,
+    NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED, NVML_COMPUTE_INSTANCE_PROFILE_COUNT, NVML_GPU_INSTANCE_PROFILE_COUNT,
+    nvmlComputeInstance_t, nvmlComputeInstanceProfileInfo_t, nvmlGpuInstance_t, nvmlGpuInstanceInfo_t,
+    nvmlGpuInstancePlacement_t, nvmlGpuInstanceProfileInfo_v2_t,
 };
 use std::collections::HashMap;
 use std::ffi::CStr;
@@ -243,6 +244,56 @@ fn processes(dev: &Device) -> Result<Vec<GpuProcess>, NvmlError> {
         .collect())
 }
 
+impl NvmlDriver {
+    fn device(&self, gpu: u32) -> Result<Device<'_>, DriverError> {
+        self.nvml.device_by_index(gpu).map_err(|source| DriverError::Gpu {
+            gpu,
+            call: "nvmlDeviceGetHandleByIndex_v2",
+            source,
+        })
+    }
+
+    fn gpu_instance(&self, dev: &Device, gpu: u32, gi: u32) -> Result<nvmlGpuInstance_t, DriverError> {
+        let by_id =
+            nvml_sym(self.nvml.lib().nvmlDeviceGetGpuInstanceById.as_ref(), gpu, "nvmlDeviceGetGpuInstanceById")?;
+        let mut handle: nvmlGpuInstance_t = std::ptr::null_mut();
+        // SAFETY: the device handle is valid while `dev` lives; `handle` is writable.
+        let rc = unsafe { by_id(dev.handle(), gi, &mut handle) };
+        nvml_try(rc).map_err(|source| DriverError::Gpu { gpu, call: "nvmlDeviceGetGpuInstanceById", source })?;
+        Ok(handle)
+    }
+
+    /// The compute-instance profiles a GPU instance offers (shared engines), largest last.
+    fn compute_profiles(
+        &self,
+        handle: nvmlGpuInstance_t,
+        gpu: u32,
+    ) -> Result<Vec<nvmlComputeInstanceProfileInfo_t>, DriverError> {
+        let info_fn = nvml_sym(
+            self.nvml.lib().nvmlGpuInstanceGetComputeInstanceProfileInfo.as_ref(),
+            gpu,
+            "nvmlGpuInstanceGetComputeInstanceProfileInfo",
+        )?;
+        let mut out = Vec::new();
+        for index in 0..NVML_COMPUTE_INSTANCE_PROFILE_COUNT {
+            // SAFETY: all-zero is a valid nvmlComputeInstanceProfileInfo_t (integers only).
+            let mut info: nvmlComputeInstanceProfileInfo_t = unsafe { mem::zeroed() };
+            // SAFETY: `handle` is a GPU instance NVML just returned; `info` is writable.
+            let rc = unsafe { info_fn(handle, index, NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED, &mut info) };
+            match nvml_try(rc) {
+                Ok(()) => out.push(info),
+                Err(NvmlError::NotSupported) => continue,
+                Err(NvmlError::InvalidArg) => break,
+                Err(source) => {
+                    return Err(DriverError::Gpu { gpu, call: "nvmlGpuInstanceGetComputeInstanceProfileInfo", source });
+                }
+            }
+        }
+        out.sort_by_key(|i| i.sliceCount);
+        Ok(out)
+    }
+}
+
 impl GpuDriver for NvmlDriver {
     fn inventory(&self) -> Result<Inventory, DriverError> {
         let driver_version = self
@@ -253,5 +304,89 @@ impl GpuDriver for NvmlDriver {
             self.nvml.device_count().map_err(|source| DriverError::Host { call: "nvmlDeviceGetCount_v2", source })?;
         let gpus = (0..count).map(|i| self.gpu(i)).collect::<Result<_, _>>()?;
         Ok(Inventory { driver_version, gpus })
+    }
+
+    fn set_mig_mode(&self, gpu: u32, enable: bool) -> Result<MigMode, DriverError> {
+        let dev = self.device(gpu)?;
+        // The activation status says whether the reset that makes the mode current happened; the
+        // mode read back afterwards says the same, and is what the caller acts on.
+        dev.set_mig_mode(enable).map_err(|source| DriverError::Gpu { gpu, call: "nvmlDeviceSetMigMode", source })?;
+        let mode = dev.mig_mode().map_err(|source| DriverError::Gpu { gpu, call: "nvmlDeviceGetMigMode", source })?;
+        Ok(MigMode { current: mode.current == 1, pending: mode.pending == 1 })
+    }
+
+    fn create_gpu_instance(&self, gpu: u32, profile_id: u32, start: u32, size: u32) -> Result<u32, DriverError> {
+        let dev = self.device(gpu)?;
+        let lib = self.nvml.lib();
+        let create = nvml_sym(
+            lib.nvmlDeviceCreateGpuInstanceWithPlacement.as_ref(),
+            gpu,
+            "nvmlDeviceCreateGpuInstanceWithPlacement",
+        )?;
+        let get_info = nvml_sym(lib.nvmlGpuInstanceGetInfo.as_ref(), gpu, "nvmlGpuInstanceGetInfo")?;
+        let placement = nvmlGpuInstancePlacement_t { start, size };
+        let mut handle: nvmlGpuInstance_t = std::ptr::null_mut();
+        // SAFETY: valid device handle; `placement` is read and `handle` written, both live across the call.
+        let rc = unsafe { create(dev.handle(), profile_id, &placement, &mut handle) };
+        nvml_try(rc).map_err(|source| DriverError::Gpu {
+            gpu,
+            call: "nvmlDeviceCreateGpuInstanceWithPlacement",
+            source,
+        })?;
+        // SAFETY: all-zero is a valid nvmlGpuInstanceInfo_t (a null pointer and integers).
+        let mut info: nvmlGpuInstanceInfo_t = unsafe { mem::zeroed() };
+        // SAFETY: `handle` was just created by NVML; `info` is writable.
+        let rc = unsafe { get_info(handle, &mut info) };
+        nvml_try(rc).map_err(|source| DriverError::Gpu { gpu, call: "nvmlGpuInstanceGetInfo", source })?;
+        Ok(info.id)
+    }
+
+    fn create_compute_instance(&self, gpu: u32, gi: u32) -> Result<(), DriverError> {
+        let dev = self.device(gpu)?;
+        let handle = self.gpu_instance(&dev, gpu, gi)?;
+        let full = self.compute_profiles(handle, gpu)?.pop().ok_or(DriverError::Gpu {
+            gpu,
+            call: "nvmlGpuInstanceGetComputeInstanceProfileInfo",
+            source: NvmlError::NotSupported,
+        })?;
+        let create = nvml_sym(
+            self.nvml.lib().nvmlGpuInstanceCreateComputeInstance.as_ref(),
+            gpu,
+            "nvmlGpuInstanceCreateComputeInstance",
+        )?;
+        let mut ci: nvmlComputeInstance_t = std::ptr::null_mut();
+        // SAFETY: `handle` is a live GPU instance; `ci` is writable.
+        let rc = unsafe { create(handle, full.id, &mut ci) };
+        nvml_try(rc).map_err(|source| DriverError::Gpu { gpu, call: "nvmlGpuInstanceCreateComputeInstance", source })
+    }
+
+    fn destroy_gpu_instance(&self, gpu: u32, gi: u32) -> Result<(), DriverError> {
+        let dev = self.device(gpu)?;
+        let handle = self.gpu_instance(&dev, gpu, gi)?;
+        let lib = self.nvml.lib();
+        let list =
+            nvml_sym(lib.nvmlGpuInstanceGetComputeInstances.as_ref(), gpu, "nvmlGpuInstanceGetComputeInstances")?;
+        let destroy_ci = nvml_sym(lib.nvmlComputeInstanceDestroy.as_ref(), gpu, "nvmlComputeInstanceDestroy")?;
+        let destroy_gi = nvml_sym(lib.nvmlGpuInstanceDestroy.as_ref(), gpu, "nvmlGpuInstanceDestroy")?;
+        // Compute instances first: a GPU instance that still has one answers IN_USE.
+        for profile in self.compute_profiles(handle, gpu)? {
+            let mut cis: Vec<nvmlComputeInstance_t> = vec![std::ptr::null_mut(); profile.instanceCount.max(1) as usize];
+            let mut count = 0u32;
+            // SAFETY: `cis` has room for the profile's instanceCount, the most NVML returns.
+            let rc = unsafe { list(handle, profile.id, cis.as_mut_ptr(), &mut count) };
+            nvml_try(rc).map_err(|source| DriverError::Gpu {
+                gpu,
+                call: "nvmlGpuInstanceGetComputeInstances",
+                source,
+            })?;
+            for ci in cis.into_iter().take(count as usize) {
+                // SAFETY: `ci` was just listed by NVML for this GPU instance.
+                let rc = unsafe { destroy_ci(ci) };
+                nvml_try(rc).map_err(|source| DriverError::Gpu { gpu, call: "nvmlComputeInstanceDestroy", source })?;
+            }
+        }
+        // SAFETY: `handle` is a live GPU instance with no compute instance left.
+        let rc = unsafe { destroy_gi(handle) };
+        nvml_try(rc).map_err(|source| DriverError::Gpu { gpu, call: "nvmlGpuInstanceDestroy", source })
     }
 }

@@ -6,6 +6,7 @@ use super::parse::Spans;
 use super::units::human_mib;
 use super::*;
 use crate::inventory::{Gpu, Inventory};
+use crate::mig::{Want, plan_layout};
 use crate::settings::WorkerPolicy;
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
@@ -29,7 +30,7 @@ pub struct DesiredGpu {
 
 /// Sharing modes this version of the agent can apply. The plan format knows them all, so a plan
 /// written for a later version is read and checked fully, then refused with a clear reason.
-const APPLICABLE: &[Sharing] = &[Sharing::Exclusive, Sharing::TimeSlicing];
+const APPLICABLE: &[Sharing] = &[Sharing::Exclusive, Sharing::TimeSlicing, Sharing::Mig];
 
 pub fn check(plan: &Plan, spans: &Spans, inventory: &Inventory, policy: &WorkerPolicy) -> (Desired, Vec<Problem>) {
     let mut problems = Vec::new();
@@ -103,40 +104,31 @@ fn check_gpus(
                 "setting the time-slice length is not available in this agent version: remove timeslice to leave it as it is",
             ));
         }
+        for (i, inst) in entry.mig.iter().enumerate() {
+            if inst.mps {
+                problems.push(spans.problem(
+                    &format!("gpus[{}].mig[{i}].sharing", entry.index),
+                    "MPS inside a MIG instance is valid plan syntax, but this agent version does not run MPS yet",
+                ));
+            }
+        }
         for gpu in &selected {
-            for (i, inst) in entry.mig.iter().enumerate() {
-                let path = format!("gpus[{}].mig[{i}]", entry.index);
-                match gpu.profile_named(&inst.profile) {
-                    None => {
-                        let names: Vec<&str> = gpu.profiles.iter().map(|p| p.name.as_str()).collect();
-                        let known = if names.is_empty() {
-                            "it has no MIG profiles".to_string()
-                        } else {
-                            format!("its profiles: {}", names.join(", "))
-                        };
-                        problems.push(spans.problem(
-                            &path,
-                            format!(
-                                "profile {:?} does not exist on GPU {} ({}); {known}",
-                                inst.profile, gpu.index, gpu.name
-                            ),
-                        ));
-                    }
-                    Some(profile) => {
-                        if let Some(start) = inst.start
-                            && !profile.placements.iter().any(|p| p.start == start)
-                        {
-                            let starts: Vec<String> = profile.placements.iter().map(|p| p.start.to_string()).collect();
-                            problems.push(spans.problem(
-                                &path,
-                                format!(
-                                    "{}@{start} is not a valid placement on GPU {}: {} starts at {}",
-                                    inst.profile,
-                                    gpu.index,
-                                    inst.profile,
-                                    starts.join(", ")
-                                ),
-                            ));
+            if entry.sharing == Sharing::Mig {
+                if gpu.profiles.is_empty() {
+                    problems.push(
+                        spans.problem(&sharing_path, format!("GPU {} ({}) does not support MIG", gpu.index, gpu.name)),
+                    );
+                } else {
+                    let wants: Vec<Want> =
+                        entry.mig.iter().map(|m| Want { profile: m.profile.clone(), start: m.start }).collect();
+                    let name = format!("GPU {} ({})", gpu.index, gpu.name);
+                    if let Err(errors) = plan_layout(&name, &gpu.profiles, &gpu.instances, &wants) {
+                        for e in errors {
+                            let path = match e.want {
+                                Some(w) => format!("gpus[{}].mig[{w}]", entry.index),
+                                None => format!("gpus[{}].mig", entry.index),
+                            };
+                            problems.push(spans.problem(&path, e.message));
                         }
                     }
                 }
@@ -163,11 +155,12 @@ fn check_gpus(
     out
 }
 
-/// Which GPU sharing modes can host a worker of this isolation tier.
+/// Which GPU sharing modes can host a worker of this isolation tier. A `mig` GPU hosts `mig`
+/// workers (an instance each) and `time-slicing` ones (sharing an instance).
 pub fn hosts(isolation: Isolation, sharing: Sharing) -> bool {
     match isolation {
         Isolation::Exclusive => sharing == Sharing::Exclusive,
-        Isolation::TimeSlicing => sharing == Sharing::TimeSlicing,
+        Isolation::TimeSlicing => matches!(sharing, Sharing::TimeSlicing | Sharing::Mig),
         Isolation::Mps => sharing == Sharing::Mps,
         Isolation::Mig => sharing == Sharing::Mig,
         Isolation::Auto => true,
@@ -179,7 +172,7 @@ fn capacity_mib(gpu: &Gpu, desired: &DesiredGpu, isolation: Isolation) -> u64 {
     if desired.sharing == Sharing::Mig || isolation == Isolation::Mig {
         gpu.profiles
             .iter()
-            .filter(|p| desired.mig.is_empty() || desired.mig.iter().any(|m| m.profile == p.name))
+            .filter(|p| desired.mig.iter().any(|m| m.profile == p.name))
             .map(|p| p.memory_mib)
             .max()
             .unwrap_or(0)

@@ -5,6 +5,7 @@
 //! path (`models[2].memory`) and the line, and a plan with any problem changes nothing.
 
 pub mod check;
+pub mod edit;
 pub mod parse;
 pub mod tree;
 pub mod units;

@@ -6,8 +6,9 @@
 pub mod place;
 
 use crate::inventory::Inventory;
+use crate::mig::{Planned, Want, plan_layout};
 use crate::plan::check::Desired;
-use crate::plan::{Health, Isolation, Limits, Restart};
+use crate::plan::{Health, Limits, Restart, Sharing};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -34,6 +35,9 @@ impl std::fmt::Display for WorkerKey {
 pub struct WorkerSpec {
     pub key: WorkerKey,
     pub gpu: u32,
+    /// `PROFILE@START` of the MIG instance it runs in; None on a whole GPU.
+    #[serde(default)]
+    pub instance: Option<String>,
     /// `GPU-...` or `MIG-...`: what CUDA_VISIBLE_DEVICES is set to.
     pub device: String,
     /// The tier the worker actually runs under (never `auto`).
@@ -80,6 +84,10 @@ pub struct Observed {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Step {
     StopWorker { key: WorkerKey, gpu: u32, device: String, pid: Option<u32>, reason: String },
+    DestroyGpuInstance { gpu: u32, id: u32, profile: String, profile_id: u32, start: u32, size: u32, reason: String },
+    DisableMig { gpu: u32, reason: String },
+    EnableMig { gpu: u32, reason: String },
+    CreateGpuInstance { gpu: u32, profile: String, profile_id: u32, start: u32, size: u32, reason: String },
     StartWorker { spec: Box<WorkerSpec>, reason: String },
 }
 
@@ -87,21 +95,59 @@ impl Step {
     pub fn action(&self) -> &'static str {
         match self {
             Step::StopWorker { .. } => "stop_worker",
+            Step::DestroyGpuInstance { .. } => "destroy_gpu_instance",
+            Step::DisableMig { .. } => "disable_mig",
+            Step::EnableMig { .. } => "enable_mig",
+            Step::CreateGpuInstance { .. } => "create_gpu_instance",
             Step::StartWorker { .. } => "start_worker",
         }
     }
 
     pub fn gpu(&self) -> u32 {
         match self {
-            Step::StopWorker { gpu, .. } => *gpu,
+            Step::StopWorker { gpu, .. }
+            | Step::DestroyGpuInstance { gpu, .. }
+            | Step::DisableMig { gpu, .. }
+            | Step::EnableMig { gpu, .. }
+            | Step::CreateGpuInstance { gpu, .. } => *gpu,
             Step::StartWorker { spec, .. } => spec.gpu,
+        }
+    }
+
+    pub fn reason(&self) -> &str {
+        match self {
+            Step::StopWorker { reason, .. }
+            | Step::DestroyGpuInstance { reason, .. }
+            | Step::DisableMig { reason, .. }
+            | Step::EnableMig { reason, .. }
+            | Step::CreateGpuInstance { reason, .. }
+            | Step::StartWorker { reason, .. } => reason,
         }
     }
 
     /// Whether this step changes a GPU setting (refused under --read-only-gpus).
     pub fn changes_gpu_settings(&self) -> bool {
-        false
+        !matches!(self, Step::StopWorker { .. } | Step::StartWorker { .. })
     }
+}
+
+/// Processes a GPU-setting step would kill: destroying an instance or switching MIG mode under
+/// running processes. Refused unless the apply drains (stops those workers first); processes that
+/// are not the agent's workers always block.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Disruption {
+    pub gpu: u32,
+    /// e.g. "destroy 3g.71gb@4" or "enable MIG".
+    pub what: String,
+    /// Each process, with the worker it belongs to when it is one of ours.
+    pub pids: Vec<(u32, Option<WorkerKey>)>,
+}
+
+/// What applying a plan takes.
+#[derive(Debug, Clone, Default)]
+pub struct Reconciled {
+    pub steps: Vec<Step>,
+    pub disruptions: Vec<Disruption>,
 }
 
 /// Placement failed for some replicas; nothing may change.
@@ -110,22 +156,52 @@ pub struct PlacementError {
     pub unplaced: Vec<Unplaced>,
 }
 
-/// The ordered steps that make the host match `desired`: stops first (so capacity frees up),
-/// then starts, each group in model then replica order.
-pub fn reconcile(desired: &Desired, inventory: &Inventory, observed: &[Observed]) -> Result<Vec<Step>, PlacementError> {
+/// The MIG layout each `mig` GPU of the plan gets, next to what exists.
+pub type Layouts = BTreeMap<u32, Vec<Planned>>;
+
+/// Lays out every `mig` GPU. Layout problems were reported by the plan check; a GPU whose layout
+/// does not place is left out here.
+pub fn layouts(desired: &Desired, inventory: &Inventory) -> Layouts {
+    desired
+        .gpus
+        .iter()
+        .filter(|(_, d)| d.sharing == Sharing::Mig)
+        .filter_map(|(index, d)| {
+            let gpu = inventory.gpu(*index)?;
+            let wants: Vec<Want> = d.mig.iter().map(|m| Want { profile: m.profile.clone(), start: m.start }).collect();
+            plan_layout(&gpu.name, &gpu.profiles, &gpu.instances, &wants).ok().map(|l| (*index, l))
+        })
+        .collect()
+}
+
+/// The ordered steps that make the host match `desired`: worker stops (so capacity frees up and
+/// instances empty), instance destroys, MIG mode changes, instance creates, worker starts; each
+/// group in GPU, then model and replica order. `owners` maps GPU process pids to the worker they
+/// belong to.
+pub fn reconcile(
+    desired: &Desired,
+    inventory: &Inventory,
+    observed: &[Observed],
+    owners: &BTreeMap<u32, WorkerKey>,
+) -> Result<Reconciled, PlacementError> {
+    let layouts = layouts(desired, inventory);
     let current: BTreeMap<&WorkerKey, &Observed> = observed.iter().map(|o| (&o.spec.key, o)).collect();
-    let keep: BTreeMap<WorkerKey, u32> =
-        observed.iter().filter(|o| o.active).map(|o| (o.spec.key.clone(), o.spec.gpu)).collect();
-    let placement = place::place(desired, inventory, &keep);
+    let keep: BTreeMap<WorkerKey, (u32, Option<String>)> = observed
+        .iter()
+        .filter(|o| o.active)
+        .map(|o| (o.spec.key.clone(), (o.spec.gpu, o.spec.instance.clone())))
+        .collect();
+    let placement = place::place(desired, inventory, &layouts, &keep);
     if !placement.unplaced.is_empty() {
         return Err(PlacementError { unplaced: placement.unplaced });
     }
     let wanted: BTreeMap<WorkerKey, WorkerSpec> = placement
         .assignments
         .iter()
-        .filter_map(|a| worker_spec(desired, inventory, a).map(|s| (s.key.clone(), s)))
+        .filter_map(|a| worker_spec(desired, inventory, &layouts, a).map(|s| (s.key.clone(), s)))
         .collect();
 
+    let mut out = Reconciled::default();
     let mut stops = Vec::new();
     let mut starts = Vec::new();
     for (key, obs) in &current {
@@ -163,14 +239,104 @@ pub fn reconcile(desired: &Desired, inventory: &Inventory, observed: &[Observed]
             None => starts.push(Step::StartWorker { spec: Box::new(spec.clone()), reason: "new".to_string() }),
         }
     }
-    stops.extend(starts);
-    Ok(stops)
+    stops.sort_by(|a, b| match (a, b) {
+        (Step::StopWorker { key: x, .. }, Step::StopWorker { key: y, .. }) => x.cmp(y),
+        _ => std::cmp::Ordering::Equal,
+    });
+    let gpu_steps = gpu_steps(desired, inventory, &layouts, owners, &mut out.disruptions);
+    out.steps = stops;
+    out.steps.extend(gpu_steps);
+    out.steps.extend(starts);
+    Ok(out)
+}
+
+/// MIG mode and instance changes, in the order they must run.
+fn gpu_steps(
+    desired: &Desired,
+    inventory: &Inventory,
+    layouts: &Layouts,
+    owners: &BTreeMap<u32, WorkerKey>,
+    disruptions: &mut Vec<Disruption>,
+) -> Vec<Step> {
+    let (mut destroys, mut modes_off, mut modes_on, mut creates) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let pids = |gpu: &crate::inventory::Gpu, instance: Option<u32>| -> Vec<(u32, Option<WorkerKey>)> {
+        gpu.processes
+            .iter()
+            .filter(|p| instance.is_none() || p.gpu_instance_id == instance)
+            .map(|p| (p.pid, owners.get(&p.pid).cloned()))
+            .collect()
+    };
+    for (index, d) in &desired.gpus {
+        let Some(gpu) = inventory.gpu(*index) else { continue };
+        let gpu_index = *index;
+        let wants_mig = d.sharing == Sharing::Mig;
+        let layout = layouts.get(index);
+        if wants_mig && layout.is_none() {
+            continue;
+        }
+        let keep: Vec<u32> = layout.map(|l| l.iter().filter_map(|p| p.existing).collect()).unwrap_or_default();
+        for inst in gpu.instances.iter().filter(|i| !keep.contains(&i.id)) {
+            let reason = if wants_mig { "not in the wanted layout" } else { "the plan turns MIG off" };
+            let in_use = pids(gpu, Some(inst.id));
+            if !in_use.is_empty() {
+                disruptions.push(Disruption {
+                    gpu: gpu_index,
+                    what: format!("destroy {}@{}", inst.profile, inst.start),
+                    pids: in_use,
+                });
+            }
+            destroys.push(Step::DestroyGpuInstance {
+                gpu: gpu_index,
+                id: inst.id,
+                profile: inst.profile.clone(),
+                profile_id: inst.profile_id,
+                start: inst.start,
+                size: inst.size,
+                reason: reason.to_string(),
+            });
+        }
+        let mode_differs = gpu.mig_current != wants_mig || gpu.mig_pending != wants_mig;
+        if mode_differs {
+            // Processes on the whole GPU (instances are handled above) stand in the way of a mode change.
+            let in_use: Vec<_> = pids(gpu, None)
+                .into_iter()
+                .filter(|(pid, _)| gpu.processes.iter().any(|p| p.pid == *pid && p.gpu_instance_id.is_none()))
+                .collect();
+            let what = if wants_mig { "enable MIG" } else { "disable MIG" };
+            if !in_use.is_empty() {
+                disruptions.push(Disruption { gpu: gpu_index, what: what.to_string(), pids: in_use });
+            }
+            if wants_mig {
+                let reason = if gpu.mig_pending && !gpu.mig_current {
+                    "MIG mode is pending, not current"
+                } else {
+                    "sharing = \"mig\""
+                };
+                modes_on.push(Step::EnableMig { gpu: gpu_index, reason: reason.to_string() });
+            } else {
+                modes_off
+                    .push(Step::DisableMig { gpu: gpu_index, reason: format!("sharing = {:?}", d.sharing.as_str()) });
+            }
+        }
+        for p in layout.map(Vec::as_slice).unwrap_or_default().iter().filter(|p| p.existing.is_none()) {
+            creates.push(Step::CreateGpuInstance {
+                gpu: gpu_index,
+                profile: p.profile.clone(),
+                profile_id: p.profile_id,
+                start: p.start,
+                size: p.size,
+                reason: "in the wanted layout".to_string(),
+            });
+        }
+    }
+    destroys.into_iter().chain(modes_off).chain(modes_on).chain(creates).collect()
 }
 
 fn differences(a: &WorkerSpec, b: &WorkerSpec) -> Vec<&'static str> {
-    let checks: [(&'static str, bool); 13] = [
+    let checks: [(&'static str, bool); 14] = [
         ("gpu", a.gpu != b.gpu),
         ("device", a.device != b.device && a.gpu == b.gpu),
+        ("instance", a.instance != b.instance),
         ("isolation", a.isolation != b.isolation),
         ("command", a.command != b.command),
         ("env", a.env != b.env),
@@ -186,13 +352,26 @@ fn differences(a: &WorkerSpec, b: &WorkerSpec) -> Vec<&'static str> {
     checks.into_iter().filter(|(_, differs)| *differs).map(|(name, _)| name).collect()
 }
 
-fn worker_spec(desired: &Desired, inventory: &Inventory, a: &Assignment) -> Option<WorkerSpec> {
+fn worker_spec(desired: &Desired, inventory: &Inventory, layouts: &Layouts, a: &Assignment) -> Option<WorkerSpec> {
     let model = desired.models.iter().find(|m| m.name == a.key.model)?;
     let gpu = inventory.gpu(a.gpu)?;
+    // A whole GPU's UUID; an existing instance's MIG UUID; empty for an instance this apply
+    // creates (the executor reads its UUID once it exists).
+    let device = match &a.instance {
+        None => gpu.uuid.clone(),
+        Some(label) => layouts
+            .get(&a.gpu)
+            .and_then(|l| l.iter().find(|p| format!("{}@{}", p.profile, p.start) == *label))
+            .and_then(|p| p.existing)
+            .and_then(|id| gpu.instances.iter().find(|i| i.id == id))
+            .and_then(|i| i.uuid.clone())
+            .unwrap_or_default(),
+    };
     Some(WorkerSpec {
         key: a.key.clone(),
         gpu: a.gpu,
-        device: gpu.uuid.clone(),
+        instance: a.instance.clone(),
+        device,
         isolation: a.isolation.as_str().to_string(),
         command: model.command.clone(),
         env: model.env.clone(),
@@ -221,17 +400,6 @@ fn health_text(h: &Health) -> String {
 
 fn limits_text(l: &Limits) -> Option<String> {
     (l != &Limits::default()).then(|| format!("memory={:?} cpu={:?} pids={:?}", l.memory, l.cpu, l.pids))
-}
-
-/// The isolation tier a worker gets on a GPU shared this way.
-pub fn tier_on(sharing: crate::plan::Sharing) -> Isolation {
-    use crate::plan::Sharing;
-    match sharing {
-        Sharing::Exclusive => Isolation::Exclusive,
-        Sharing::TimeSlicing | Sharing::Auto => Isolation::TimeSlicing,
-        Sharing::Mps => Isolation::Mps,
-        Sharing::Mig => Isolation::Mig,
-    }
 }
 
 #[cfg(test)]

@@ -1,18 +1,22 @@
-//! Placement of model replicas onto GPUs: deterministic, and stable across applies (a replica
-//! that runs where the plan still allows it stays there).
+//! Placement of model replicas onto devices: whole GPUs and MIG instances. Deterministic, and
+//! stable across applies (a replica that runs where the plan still allows it stays there).
 
-use super::{WorkerKey, tier_on};
+use super::{Layouts, WorkerKey};
 use crate::inventory::Inventory;
-use crate::plan::check::{Desired, hosts};
+use crate::plan::check::Desired;
 use crate::plan::units::human_mib;
 use crate::plan::{GpuRef, Isolation, Model, Sharing};
 use std::collections::BTreeMap;
 
+/// A device a replica was placed on.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Assignment {
     pub key: WorkerKey,
     pub gpu: u32,
+    /// The tier the replica runs under (never `auto`).
     pub isolation: Isolation,
+    /// `PROFILE@START` of its MIG instance; None for a whole GPU.
+    pub instance: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -28,84 +32,160 @@ pub struct Placement {
     pub unplaced: Vec<Unplaced>,
 }
 
-/// Room left on one GPU while placing.
+/// Where a replica can go: a whole GPU or one MIG instance on it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct RoomKey {
+    gpu: u32,
+    /// (start, profile) of a MIG instance; None for the whole GPU.
+    instance: Option<(u32, String)>,
+}
+
+impl RoomKey {
+    fn instance_label(&self) -> Option<String> {
+        self.instance.as_ref().map(|(start, profile)| format!("{profile}@{start}"))
+    }
+
+    fn label(&self) -> String {
+        match self.instance_label() {
+            Some(i) => format!("GPU {} {i}", self.gpu),
+            None => format!("GPU {}", self.gpu),
+        }
+    }
+}
+
+/// Room left on one device while placing.
 #[derive(Debug, Clone)]
 struct Room {
+    /// How the device is shared: exclusive (whole GPU), time-slicing or mps.
     sharing: Sharing,
     total_mib: u64,
     free_mib: u64,
     workers: u32,
-    /// Replicas placed here, per model, to spread a model's replicas over GPUs.
+    /// Taken whole by a `mig`-tier replica.
+    closed: bool,
+    /// Replicas placed here, per model, to spread a model's replicas over devices.
     per_model: BTreeMap<String, u32>,
 }
 
 impl Room {
-    fn fits(&self, model: &Model) -> bool {
-        match self.sharing {
-            Sharing::Exclusive => self.workers == 0 && model.memory_mib <= self.total_mib,
-            _ => model.memory_mib <= self.free_mib,
+    fn new(sharing: Sharing, total_mib: u64) -> Room {
+        Room { sharing, total_mib, free_mib: total_mib, workers: 0, closed: false, per_model: BTreeMap::new() }
+    }
+
+    fn fits(&self, key: &RoomKey, model: &Model) -> bool {
+        match tier(key, self, model.isolation) {
+            None => false,
+            Some(Isolation::Exclusive | Isolation::Mig) => self.workers == 0 && model.memory_mib <= self.total_mib,
+            Some(_) => !self.closed && model.memory_mib <= self.free_mib,
         }
     }
 
-    fn take(&mut self, model: &Model) {
+    fn take(&mut self, model: &Model, isolation: Isolation) {
         self.workers += 1;
-        *self.per_model.entry(model.name.clone()).or_default() += 1;
+        self.closed |= matches!(isolation, Isolation::Exclusive | Isolation::Mig);
         self.free_mib = self.free_mib.saturating_sub(model.memory_mib);
+        *self.per_model.entry(model.name.clone()).or_default() += 1;
     }
 }
 
-/// Places every replica of every model. `keep` maps replicas that run now to their GPU; they are
-/// placed first, where they are, if that GPU still suits them.
-pub fn place(desired: &Desired, inventory: &Inventory, keep: &BTreeMap<WorkerKey, u32>) -> Placement {
-    let mut rooms: BTreeMap<u32, Room> = desired
-        .gpus
-        .iter()
-        .filter_map(|(index, d)| {
-            let gpu = inventory.gpu(*index)?;
-            let total = gpu.memory_total_mib;
-            Some((
-                *index,
-                Room { sharing: d.sharing, total_mib: total, free_mib: total, workers: 0, per_model: BTreeMap::new() },
-            ))
-        })
-        .collect();
+/// The tier a replica of `isolation` gets in this room, or None when the room cannot host it.
+fn tier(key: &RoomKey, room: &Room, isolation: Isolation) -> Option<Isolation> {
+    let whole = key.instance.is_none();
+    match (isolation, room.sharing) {
+        (Isolation::Exclusive | Isolation::Auto, Sharing::Exclusive) if whole => Some(Isolation::Exclusive),
+        (Isolation::TimeSlicing | Isolation::Auto, Sharing::TimeSlicing) => Some(Isolation::TimeSlicing),
+        (Isolation::Mps | Isolation::Auto, Sharing::Mps) => Some(Isolation::Mps),
+        (Isolation::Mig, Sharing::TimeSlicing) if !whole => Some(Isolation::Mig),
+        _ => None,
+    }
+}
+
+/// Preference among rooms that fit, smaller is better: shared devices before whole ones (the
+/// cheapest tier that fits); for `mig`, the smallest instance; then the device with the fewest
+/// replicas of this model (one device's fault does not take them all); then GPU and start order.
+fn preference(key: &RoomKey, room: &Room, model: &Model) -> (u8, u64, u32, RoomKey) {
+    let rank = match tier(key, room, model.isolation) {
+        Some(Isolation::TimeSlicing | Isolation::Mps) => 0,
+        Some(Isolation::Mig) => 1,
+        _ => 2,
+    };
+    let size = if model.isolation == Isolation::Mig { room.total_mib } else { 0 };
+    (rank, size, room.per_model.get(&model.name).copied().unwrap_or(0), key.clone())
+}
+
+fn rooms(desired: &Desired, inventory: &Inventory, layouts: &Layouts) -> BTreeMap<RoomKey, Room> {
+    let mut rooms = BTreeMap::new();
+    for (index, d) in &desired.gpus {
+        let Some(gpu) = inventory.gpu(*index) else { continue };
+        if d.sharing == Sharing::Mig {
+            for planned in layouts.get(index).map(Vec::as_slice).unwrap_or_default() {
+                let sharing =
+                    if d.mig.get(planned.want).is_some_and(|m| m.mps) { Sharing::Mps } else { Sharing::TimeSlicing };
+                let key = RoomKey { gpu: *index, instance: Some((planned.start, planned.profile.clone())) };
+                rooms.insert(key, Room::new(sharing, planned.memory_mib));
+            }
+        } else {
+            rooms.insert(RoomKey { gpu: *index, instance: None }, Room::new(d.sharing, gpu.memory_total_mib));
+        }
+    }
+    rooms
+}
+
+/// Places every replica of every model. `keep` maps replicas that run now to their device
+/// (GPU and instance); they are placed first, where they are, if that device still suits them.
+pub fn place(
+    desired: &Desired,
+    inventory: &Inventory,
+    layouts: &Layouts,
+    keep: &BTreeMap<WorkerKey, (u32, Option<String>)>,
+) -> Placement {
+    let mut rooms = rooms(desired, inventory, layouts);
     let mut out = Placement::default();
     let mut pending = Vec::new();
     for model in &desired.models {
         for replica in 0..model.replicas {
             let key = WorkerKey { model: model.name.clone(), replica };
-            let kept = keep.get(&key).copied().filter(|gpu| {
-                allowed(model, inventory, *gpu)
-                    && rooms.get(gpu).is_some_and(|r| hosts(model.isolation, r.sharing) && r.fits(model))
+            let kept = keep.get(&key).and_then(|(gpu, instance)| {
+                rooms.keys().find(|k| k.gpu == *gpu && k.instance_label() == *instance).cloned()
             });
-            match kept {
-                Some(gpu) => {
-                    let room = rooms.get_mut(&gpu).expect("checked above");
-                    room.take(model);
-                    out.assignments.push(Assignment { key, gpu, isolation: tier_on(room.sharing) });
+            match kept.filter(|room| allowed(model, inventory, room.gpu) && rooms[room].fits(room, model)) {
+                Some(room_key) => {
+                    let room = rooms.get_mut(&room_key).expect("found above");
+                    let isolation = tier(&room_key, room, model.isolation).expect("fits");
+                    room.take(model, isolation);
+                    out.assignments.push(Assignment {
+                        key,
+                        gpu: room_key.gpu,
+                        isolation,
+                        instance: room_key.instance_label(),
+                    });
                 }
                 None => pending.push((model, key)),
             }
         }
     }
     for (model, key) in pending {
-        // Auto prefers a shared GPU (the cheapest tier that fits), then a whole one. Among equals,
-        // the GPU with the fewest replicas of this model, so one GPU's fault does not take them
-        // all; then the lowest index, so placement is deterministic.
-        let mut candidates: Vec<u32> = rooms
+        let candidates: Vec<&RoomKey> = rooms
             .iter()
-            .filter(|(gpu, room)| allowed(model, inventory, **gpu) && hosts(model.isolation, room.sharing))
-            .map(|(gpu, _)| *gpu)
+            .filter(|(k, r)| allowed(model, inventory, k.gpu) && tier(k, r, model.isolation).is_some())
+            .map(|(k, _)| k)
             .collect();
-        candidates.sort_by_key(|gpu| {
-            let room = &rooms[gpu];
-            (room.sharing == Sharing::Exclusive, room.per_model.get(&model.name).copied().unwrap_or(0), *gpu)
-        });
-        match candidates.iter().find(|gpu| rooms[*gpu].fits(model)) {
-            Some(&gpu) => {
-                let room = rooms.get_mut(&gpu).expect("candidate exists");
-                room.take(model);
-                out.assignments.push(Assignment { key, gpu, isolation: tier_on(room.sharing) });
+        let best = candidates
+            .iter()
+            .filter(|k| rooms[**k].fits(k, model))
+            .min_by_key(|k| preference(k, &rooms[**k], model))
+            .map(|k| (*k).clone());
+        match best {
+            Some(room_key) => {
+                let room = rooms.get_mut(&room_key).expect("candidate exists");
+                let isolation = tier(&room_key, room, model.isolation).expect("fits");
+                room.take(model, isolation);
+                out.assignments.push(Assignment {
+                    key,
+                    gpu: room_key.gpu,
+                    isolation,
+                    instance: room_key.instance_label(),
+                });
             }
             None => {
                 let reason = why_unplaced(model, &candidates, &rooms);
@@ -125,17 +205,24 @@ fn allowed(model: &Model, inventory: &Inventory, gpu: u32) -> bool {
     }
 }
 
-fn why_unplaced(model: &Model, candidates: &[u32], rooms: &BTreeMap<u32, Room>) -> String {
+fn why_unplaced(model: &Model, candidates: &[&RoomKey], rooms: &BTreeMap<RoomKey, Room>) -> String {
     if candidates.is_empty() {
-        return "no GPU in the plan can host its isolation tier".to_string();
+        return "no device in the plan can host its isolation tier".to_string();
     }
     let states: Vec<String> = candidates
         .iter()
-        .map(|gpu| {
-            let room = &rooms[gpu];
-            match room.sharing {
-                Sharing::Exclusive => format!("GPU {gpu} already runs a worker"),
-                _ => format!("GPU {gpu} has {} free", human_mib(room.free_mib)),
+        .map(|key| {
+            let room = &rooms[*key];
+            if room.closed {
+                format!("{} already runs a worker alone", key.label())
+            } else if model.isolation == Isolation::Mig || room.sharing == Sharing::Exclusive {
+                if room.workers > 0 {
+                    format!("{} is in use", key.label())
+                } else {
+                    format!("{} holds {}", key.label(), human_mib(room.total_mib))
+                }
+            } else {
+                format!("{} has {} free", key.label(), human_mib(room.free_mib))
             }
         })
         .collect();

@@ -6,6 +6,7 @@ use crate::plan::{check, parse};
 use crate::settings::WorkerPolicy;
 
 fn inventory(gpus: usize) -> Inventory {
+    // Whole GPUs of 100 GiB, so the memory arithmetic below is easy to follow.
     Inventory {
         driver_version: "test".into(),
         gpus: (0..gpus as u32)
@@ -47,20 +48,31 @@ fn model(name: &str, memory: &str, replicas: u32, extra: &str) -> String {
     )
 }
 
-/// The steps as short strings: "start a/0 gpu0", "stop b/1 gpu1".
+fn run(desired: &Desired, inv: &Inventory, observed: &[Observed]) -> Result<Vec<Step>, PlacementError> {
+    reconcile(desired, inv, observed, &BTreeMap::new()).map(|r| r.steps)
+}
+
+/// The steps as short strings: "start a/0 gpu0", "stop b/1 gpu1", "create 3g.71gb@4 gpu0".
 fn render(steps: &[Step]) -> Vec<String> {
     steps
         .iter()
         .map(|s| match s {
-            Step::StartWorker { spec, .. } => format!("start {} gpu{} {}", spec.key, spec.gpu, spec.isolation),
+            Step::StartWorker { spec, .. } => match &spec.instance {
+                Some(i) => format!("start {} gpu{} {i} {}", spec.key, spec.gpu, spec.isolation),
+                None => format!("start {} gpu{} {}", spec.key, spec.gpu, spec.isolation),
+            },
             Step::StopWorker { key, gpu, .. } => format!("stop {key} gpu{gpu}"),
+            Step::CreateGpuInstance { gpu, profile, start, .. } => format!("create {profile}@{start} gpu{gpu}"),
+            Step::DestroyGpuInstance { gpu, profile, start, .. } => format!("destroy {profile}@{start} gpu{gpu}"),
+            Step::EnableMig { gpu, .. } => format!("enable_mig gpu{gpu}"),
+            Step::DisableMig { gpu, .. } => format!("disable_mig gpu{gpu}"),
         })
         .collect()
 }
 
 /// Observed workers: what applying `text` from scratch would start, all running.
 fn running(text: &str, inv: &Inventory) -> Vec<Observed> {
-    let steps = reconcile(&desired(text, inv), inv, &[]).unwrap();
+    let steps = run(&desired(text, inv), inv, &[]).unwrap();
     steps
         .into_iter()
         .filter_map(|s| match s {
@@ -144,7 +156,7 @@ fn steps_for_each_case() {
         ),
     ];
     for (name, text, observed, want) in cases {
-        let steps = reconcile(&desired(&text, &inv), &inv, &observed).unwrap_or_else(|e| panic!("{name}: {e:?}"));
+        let steps = run(&desired(&text, &inv), &inv, &observed).unwrap_or_else(|e| panic!("{name}: {e:?}"));
         assert_eq!(render(&steps), want, "{name}");
     }
 }
@@ -157,7 +169,7 @@ fn running_replicas_stay_where_they_are() {
     let mut observed = running(&text, &inv);
     observed[0].spec.gpu = 1;
     observed[0].spec.device = "GPU-1".into();
-    let steps = reconcile(&desired(&text, &inv), &inv, &observed).unwrap();
+    let steps = run(&desired(&text, &inv), &inv, &observed).unwrap();
     assert!(steps.is_empty(), "{:?}", render(&steps));
 }
 
@@ -169,7 +181,7 @@ fn what_cannot_be_placed_is_an_error_with_a_reason() {
             format!("{EX2}{}", model("x", "50GiB", 3, "")),
             "x",
             2,
-            "GPU 0 already runs a worker, GPU 1 already runs a worker",
+            "GPU 0 already runs a worker alone, GPU 1 already runs a worker alone",
         ),
         (
             format!("{TS2}{}", model("m", "60GiB", 3, "")),
@@ -179,9 +191,86 @@ fn what_cannot_be_placed_is_an_error_with_a_reason() {
         ),
     ];
     for (text, model, replica, reason) in cases {
-        let err = reconcile(&desired(&text, &inv), &inv, &[]).unwrap_err();
+        let err = run(&desired(&text, &inv), &inv, &[]).unwrap_err();
         assert_eq!(err.unplaced.len(), 1, "{err:?}");
         assert_eq!((err.unplaced[0].model.as_str(), err.unplaced[0].replica), (model, replica));
         assert!(err.unplaced[0].reason.contains(reason), "{}", err.unplaced[0].reason);
     }
+}
+
+/// A MIG plan on H200s: its GPU steps and where replicas go.
+#[test]
+fn mig_layouts_and_placement() {
+    use crate::inventory::test_support;
+    let mut inv = test_support::inventory("h200", 2);
+    let mig = |layout: &str| format!("version = 1\n[[gpus]]\nselect = \"0\"\nsharing = \"mig\"\nmig = [{layout}]\n");
+    // From MIG off: enable, create, then the workers: a mig-tier one alone in the smallest
+    // instance that fits, time-slicing ones spread over the instances left.
+    let text = format!(
+        "{}{}{}",
+        mig("\"3g.71gb\", \"2g.35gb\", \"1g.18gb\""),
+        model("alone", "10GiB", 1, "isolation = \"mig\""),
+        model("shared", "20GiB", 2, "isolation = \"time-slicing\"")
+    );
+    let steps = run(&desired(&text, &inv), &inv, &[]).unwrap();
+    assert_eq!(
+        render(&steps),
+        [
+            "enable_mig gpu0",
+            "create 2g.35gb@0 gpu0",
+            "create 1g.18gb@2 gpu0",
+            "create 3g.71gb@4 gpu0",
+            "start alone/0 gpu0 1g.18gb@2 mig",
+            "start shared/0 gpu0 2g.35gb@0 time-slicing",
+            "start shared/1 gpu0 3g.71gb@4 time-slicing",
+        ]
+    );
+
+    // Now the layout exists (MIG on, instances with UUIDs): asking for one more 1g destroys
+    // nothing and creates one.
+    inv.gpus[0].mig_current = true;
+    inv.gpus[0].mig_pending = true;
+    inv.gpus[0].instances = [("2g.35gb", 14, 0, 2, 33280), ("1g.18gb", 19, 2, 1, 16384), ("3g.71gb", 9, 4, 4, 71424)]
+        .iter()
+        .enumerate()
+        .map(|(i, (profile, id, start, size, mib))| crate::inventory::GpuInstance {
+            id: i as u32 + 1,
+            profile_id: *id,
+            profile: profile.to_string(),
+            start: *start,
+            size: *size,
+            memory_mib: *mib,
+            uuid: Some(format!("MIG-{i}")),
+        })
+        .collect();
+    let grown = mig("\"3g.71gb\", \"2g.35gb\", \"1g.18gb\", \"1g.18gb\"");
+    let steps = run(&desired(&grown, &inv), &inv, &[]).unwrap();
+    assert_eq!(render(&steps), ["create 1g.18gb@3 gpu0"]);
+
+    // Replacing the 2g with two 1g destroys exactly the 2g.
+    let swapped = mig("\"3g.71gb\", \"1g.18gb\", \"1g.18gb\", \"1g.18gb\"");
+    let steps = run(&desired(&swapped, &inv), &inv, &[]).unwrap();
+    assert_eq!(render(&steps), ["destroy 2g.35gb@0 gpu0", "create 1g.18gb@0 gpu0", "create 1g.18gb@1 gpu0"]);
+
+    // Leaving MIG: destroy everything, then turn it off.
+    let off = "version = 1\n[[gpus]]\nselect = \"0\"\nsharing = \"time-slicing\"\n";
+    let steps = run(&desired(off, &inv), &inv, &[]).unwrap();
+    assert_eq!(
+        render(&steps),
+        ["destroy 2g.35gb@0 gpu0", "destroy 1g.18gb@2 gpu0", "destroy 3g.71gb@4 gpu0", "disable_mig gpu0"]
+    );
+
+    // A process in an instance that must go is a disruption, attributed to its worker.
+    inv.gpus[0].processes =
+        vec![crate::inventory::GpuProcess { pid: 42, used_mib: 100, gpu_instance_id: Some(1), mps_client: false }];
+    let owners: BTreeMap<u32, WorkerKey> = [(42, WorkerKey { model: "shared".into(), replica: 0 })].into();
+    let r = reconcile(&desired(&swapped, &inv), &inv, &[], &owners).unwrap();
+    assert_eq!(
+        r.disruptions,
+        [Disruption {
+            gpu: 0,
+            what: "destroy 2g.35gb@0".into(),
+            pids: vec![(42, Some(WorkerKey { model: "shared".into(), replica: 0 }))]
+        }]
+    );
 }

@@ -14,6 +14,22 @@ pub fn start_ticks(pid: u32) -> Option<u64> {
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// Session id of `pid` (/proc/PID/stat field 6).
+pub fn session(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split_whitespace().nth(3)?.parse().ok()
+}
+
+/// Every live process in session `sid`, the leader included.
+pub fn session_members(sid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| session(*pid) == Some(sid))
+        .collect()
+}
+
 /// True when `pid` is alive and still the process that started at `ticks` (not a zombie).
 pub fn same_process(pid: u32, ticks: u64) -> bool {
     let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))

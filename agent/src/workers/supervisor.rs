@@ -95,6 +95,23 @@ impl Supervisor {
             .collect()
     }
 
+    /// Which worker each of `pids` belongs to: the worker's own process, or any process in its
+    /// session (workers lead their sessions, so their children share the worker's pid as sid).
+    pub fn owners(&self, pids: &[u32]) -> std::collections::BTreeMap<u32, WorkerKey> {
+        let leaders: std::collections::BTreeMap<u32, WorkerKey> = self
+            .records()
+            .into_iter()
+            .filter(|r| r.state.active())
+            .filter_map(|r| r.pid.map(|p| (p, r.spec.key)))
+            .collect();
+        pids.iter()
+            .filter_map(|pid| {
+                let sid = proc::session(*pid)?;
+                leaders.get(pid).or_else(|| leaders.get(&sid)).map(|k| (*pid, k.clone()))
+            })
+            .collect()
+    }
+
     pub fn records(&self) -> Vec<WorkerRecord> {
         self.state.snapshot().workers
     }

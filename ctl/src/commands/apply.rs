@@ -28,7 +28,15 @@ pub fn describe(s: &pb::Step) -> String {
         None => s.model.clone(),
     };
     let mut line = match s.action.as_str() {
-        "start_worker" => format!("start_worker {who} on GPU {} ({}) as {}", s.gpu, s.device, s.isolation),
+        "start_worker" => {
+            let at = if s.profile.is_empty() {
+                format!("GPU {}", s.gpu)
+            } else {
+                format!("GPU {} {}@{}", s.gpu, s.profile, s.start.unwrap_or(0))
+            };
+            let device = if s.device.is_empty() { "new instance" } else { &s.device };
+            format!("start_worker {who} on {at} ({device}) as {}", s.isolation)
+        }
         "stop_worker" => {
             format!("stop_worker {who} on GPU {}{}", s.gpu, s.pid.map(|p| format!(" (pid {p})")).unwrap_or_default())
         }
@@ -50,8 +58,11 @@ fn sign(action: &str) -> char {
 pub async fn diff(global: &Global, file: &Path, as_json: bool, out: &mut dyn Write) -> Result<Exit, CtlError> {
     let (text, source) = read_plan(file)?;
     let mut c = client::connect(global).await?;
-    let reply =
-        c.diff(pb::PlanRequest { plan_toml: text, source, dry_run: true }).await.map_err(rpc_error)?.into_inner();
+    let reply = c
+        .diff(pb::PlanRequest { plan_toml: text, source, dry_run: true, drain: false })
+        .await
+        .map_err(rpc_error)?
+        .into_inner();
     if as_json {
         print_json(out, &views::Steps { steps: reply.steps.iter().map(views::Step::from).collect() })
             .map_err(io_error)?;
@@ -69,16 +80,30 @@ pub async fn apply(
     global: &Global,
     file: &Path,
     dry_run: bool,
+    drain: bool,
     as_json: bool,
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> Result<Exit, CtlError> {
     let (text, source) = read_plan(file)?;
     let mut c = client::connect(global).await?;
-    let mut stream =
-        c.apply(pb::PlanRequest { plan_toml: text, source, dry_run }).await.map_err(rpc_error)?.into_inner();
+    let stream =
+        c.apply(pb::PlanRequest { plan_toml: text, source, dry_run, drain }).await.map_err(rpc_error)?.into_inner();
+    follow(stream, dry_run, as_json, out, err).await
+}
+
+/// Prints an apply's progress as it streams (or, with JSON, everything at the end) and turns
+/// its outcome into gpuctl's exit code.
+pub async fn follow(
+    mut stream: tonic::Streaming<pb::ApplyEvent>,
+    dry_run: bool,
+    as_json: bool,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<Exit, CtlError> {
     let mut steps = Vec::new();
     let mut results = Vec::new();
+    let mut rollback = Vec::new();
     let mut done: Option<pb::ApplyDone> = None;
     while let Some(event) = stream.message().await.map_err(rpc_error)? {
         match event.event {
@@ -117,6 +142,13 @@ pub async fn apply(
                     millis: f.millis,
                 });
             }
+            Some(Event::RolledBack(r)) => {
+                if !as_json {
+                    let verdict = if r.ok { "ok".to_string() } else { format!("FAILED: {}", r.error) };
+                    writeln!(out, "rollback: {} ... {verdict}", r.action).map_err(io_error)?;
+                }
+                rollback.push(views::RollbackAction { action: r.action, ok: r.ok, error: (!r.ok).then_some(r.error) });
+            }
             Some(Event::Done(d)) => done = Some(d),
             None => {}
         }
@@ -130,8 +162,10 @@ pub async fn apply(
         let applied = views::Applied {
             steps: steps.iter().map(views::Step::from).collect(),
             results,
+            rollback,
             ok: done.ok,
             dry_run,
+            rolled_back: done.rolled_back,
             message: done.message.clone(),
         };
         print_json(out, &applied).map_err(io_error)?;

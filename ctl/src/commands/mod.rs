@@ -3,6 +3,7 @@
 mod apply;
 mod events;
 mod gpus;
+mod partition;
 mod status;
 mod workers;
 
@@ -18,7 +19,8 @@ pub async fn dispatch(cli: Cli, out: &mut dyn Write, err: &mut dyn Write) -> Res
         Command::Status => status::run(&cli.global, json, out).await,
         Command::Gpus => gpus::gpus(&cli.global, json, out).await,
         Command::Profiles { gpu } => gpus::profiles(&cli.global, &gpu, json, out).await,
-        Command::Apply(args) => apply::apply(&cli.global, &args.file, args.dry_run, json, out, err).await,
+        Command::Apply(args) => apply::apply(&cli.global, &args.file, args.dry_run, args.drain, json, out, err).await,
+        Command::Partition(cmd) => partition::run(&cli.global, cmd, json, out, err).await,
         Command::Diff(args) => apply::diff(&cli.global, &args.file, json, out).await,
         Command::Workers => workers::run(&cli.global, json, out).await,
         Command::Events => events::run(&cli.global, json, out).await,
@@ -50,6 +52,7 @@ pub fn rpc_error(status: tonic::Status) -> CtlError {
             CtlError { exit: Exit::Usage, message, problems }
         }
         tonic::Code::NotFound => CtlError::usage(status.message()),
+        tonic::Code::FailedPrecondition => CtlError::failed(status.message()),
         _ => CtlError::failed(format!("agent: {}", status.message())),
     }
 }

@@ -22,6 +22,8 @@ pub const INVALID_ARGUMENT: nvmlReturn_t = 2;
 pub const NOT_SUPPORTED: nvmlReturn_t = 3;
 pub const NOT_FOUND: nvmlReturn_t = 6;
 pub const INSUFFICIENT_SIZE: nvmlReturn_t = 7;
+pub const IN_USE: nvmlReturn_t = 19;
+pub const INSUFFICIENT_RESOURCES: nvmlReturn_t = 23;
 pub const ARGUMENT_VERSION_MISMATCH: nvmlReturn_t = 25;
 
 pub const MIB: u64 = 1 << 20;
