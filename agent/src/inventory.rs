@@ -8,6 +8,15 @@ use serde::Serialize;
 pub struct Inventory {
     pub driver_version: String,
     pub gpus: Vec<Gpu>,
+    /// GPUs the driver lists but could not be read (fallen off the bus, say): reported, never
+    /// acted on, and the rest of the host works on.
+    pub unavailable: Vec<Unavailable>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Unavailable {
+    pub index: u32,
+    pub error: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -155,6 +164,7 @@ pub mod test_support {
     pub fn inventory(product: &str, n: u32) -> Inventory {
         let p = gpu_sim::products::find(product).expect("known product");
         Inventory {
+            unavailable: Vec::new(),
             driver_version: "test".into(),
             gpus: (0..n)
                 .map(|index| Gpu {

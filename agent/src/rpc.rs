@@ -50,7 +50,7 @@ pub fn status(err: AgentError) -> Status {
     }
 }
 
-pub fn gpu_pb(view: &GpuView) -> pb::Gpu {
+pub fn gpu_pb(view: &GpuView, owners: &std::collections::BTreeMap<u32, crate::reconcile::WorkerKey>) -> pb::Gpu {
     let g = &view.gpu;
     pb::Gpu {
         index: g.index,
@@ -85,11 +85,12 @@ pub fn gpu_pb(view: &GpuView) -> pb::Gpu {
                 used_mib: p.used_mib,
                 gpu_instance_id: p.gpu_instance_id,
                 mps_client: p.mps_client,
-                model: String::new(),
-                replica: None,
+                model: owners.get(&p.pid).map(|k| k.model.clone()).unwrap_or_default(),
+                replica: owners.get(&p.pid).map(|k| k.replica),
             })
             .collect(),
         sm_count: g.sm_count,
+        error: String::new(),
         memory_slices: g
             .profiles
             .iter()
@@ -158,7 +159,7 @@ pub fn step_pb(step: &Step) -> pb::Step {
     out
 }
 
-fn worker_pb(r: &WorkerRecord, used: &std::collections::HashMap<u32, u64>) -> pb::Worker {
+fn worker_pb(r: &WorkerRecord, used: &std::collections::HashMap<crate::reconcile::WorkerKey, u64>) -> pb::Worker {
     pb::Worker {
         model: r.spec.key.model.clone(),
         replica: r.spec.key.replica,
@@ -169,7 +170,7 @@ fn worker_pb(r: &WorkerRecord, used: &std::collections::HashMap<u32, u64>) -> pb
         isolation: r.spec.isolation.clone(),
         gpu: r.spec.gpu,
         memory_budget_mib: r.spec.memory_mib,
-        gpu_memory_used_mib: r.pid.and_then(|p| used.get(&p).copied()).unwrap_or(0),
+        gpu_memory_used_mib: used.get(&r.spec.key).copied().unwrap_or(0),
         last_exit: r.last_exit.clone().unwrap_or_default(),
         started_at_unix: r.started_at_unix,
     }
@@ -317,8 +318,13 @@ impl AgentRpc for Rpc {
     }
 
     async fn list_gpus(&self, _: Request<pb::ListGpusRequest>) -> Result<Response<pb::ListGpusReply>, Status> {
-        let gpus = self.agent.do_gpus().await.map_err(status)?;
-        Ok(Response::new(pb::ListGpusReply { gpus: gpus.iter().map(gpu_pb).collect() }))
+        let (gpus, unavailable) = self.agent.do_gpus().await.map_err(status)?;
+        let pids: Vec<u32> = gpus.iter().flat_map(|g| g.gpu.processes.iter().map(|p| p.pid)).collect();
+        let owners = self.agent.owners(&pids);
+        let mut list: Vec<pb::Gpu> = gpus.iter().map(|g| gpu_pb(g, &owners)).collect();
+        list.extend(unavailable.into_iter().map(|u| pb::Gpu { index: u.index, error: u.error, ..Default::default() }));
+        list.sort_by_key(|g| g.index);
+        Ok(Response::new(pb::ListGpusReply { gpus: list }))
     }
 
     async fn list_profiles(
@@ -353,11 +359,19 @@ impl AgentRpc for Rpc {
 
     async fn list_workers(&self, _: Request<pb::ListWorkersRequest>) -> Result<Response<pb::ListWorkersReply>, Status> {
         let records = self.agent.do_workers();
-        // Real GPU memory per pid, from the driver's process lists.
-        let used = match self.agent.inventory().await {
+        // Real GPU memory per worker: every process of the driver's lists that is the worker's
+        // own or runs in its session (its children).
+        let processes: Vec<(u32, u64)> = match self.agent.inventory().await {
             Ok(inv) => inv.gpus.iter().flat_map(|g| g.processes.iter().map(|p| (p.pid, p.used_mib))).collect(),
-            Err(_) => Default::default(),
+            Err(_) => Vec::new(),
         };
+        let owners = self.agent.owners(&processes.iter().map(|(pid, _)| *pid).collect::<Vec<_>>());
+        let mut used: std::collections::HashMap<crate::reconcile::WorkerKey, u64> = Default::default();
+        for (pid, mib) in processes {
+            if let Some(key) = owners.get(&pid) {
+                *used.entry(key.clone()).or_default() += mib;
+            }
+        }
         Ok(Response::new(pb::ListWorkersReply { workers: records.iter().map(|r| worker_pb(r, &used)).collect() }))
     }
 

@@ -89,8 +89,8 @@ impl Agent {
     }
 
     /// Adopts workers that an earlier agent left running.
-    pub fn adopt_workers(&self) -> Result<(), StoreError> {
-        self.supervisor.adopt()
+    pub async fn adopt_workers(&self) -> Result<(), StoreError> {
+        self.supervisor.adopt().await
     }
 
     pub async fn inventory(&self) -> Result<Inventory, AgentError> {
@@ -110,10 +110,12 @@ impl Agent {
         desired.gpus.iter().map(|(i, d)| (*i, d.sharing.as_str().to_string())).collect()
     }
 
-    pub async fn do_gpus(&self) -> Result<Vec<GpuView>, AgentError> {
+    pub async fn do_gpus(&self) -> Result<(Vec<GpuView>, Vec<crate::inventory::Unavailable>), AgentError> {
         let inventory = self.inventory().await?;
         let sharing = self.sharing_by_gpu(&inventory).await;
-        Ok(inventory.gpus.into_iter().map(|gpu| GpuView { sharing: sharing.get(&gpu.index).cloned(), gpu }).collect())
+        let gpus =
+            inventory.gpus.into_iter().map(|gpu| GpuView { sharing: sharing.get(&gpu.index).cloned(), gpu }).collect();
+        Ok((gpus, inventory.unavailable))
     }
 
     pub async fn do_status(&self) -> Result<StatusView, AgentError> {
@@ -142,6 +144,11 @@ impl Agent {
                 count.saturating_sub(1)
             ))
         })
+    }
+
+    /// The worker each of these GPU process ids belongs to (its own process or one in its session).
+    pub fn owners(&self, pids: &[u32]) -> std::collections::BTreeMap<u32, reconcile::WorkerKey> {
+        self.supervisor.owners(pids)
     }
 
     pub fn do_workers(&self) -> Vec<WorkerRecord> {

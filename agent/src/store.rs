@@ -21,7 +21,9 @@ pub enum StoreError {
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct AgentState {
-    /// The plan last applied successfully, re-applied at start when no --plan is given.
+    /// The plan last applied, re-applied at start when no --plan is given. An apply whose GPU
+    /// step failed and was rolled back leaves the plan before it here; one where only a worker
+    /// failed to start stores its plan (the next start tries that worker again).
     pub plan: Option<AppliedPlan>,
     pub last_apply: Option<ApplyRecord>,
     pub workers: Vec<WorkerRecord>,

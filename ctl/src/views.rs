@@ -25,6 +25,8 @@ pub struct Gpu {
     pub compute_mode: String,
     pub sm_count: u32,
     pub processes: Vec<Process>,
+    /// Set when the driver could not read this GPU.
+    pub error: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -50,6 +52,9 @@ pub struct Process {
     pub used_mib: u64,
     pub gpu_instance_id: Option<u32>,
     pub mps_client: bool,
+    /// The model and replica the process belongs to; null for a process that is not a worker's.
+    pub model: Option<String>,
+    pub replica: Option<u32>,
 }
 
 fn non_empty(s: &str) -> Option<String> {
@@ -83,6 +88,7 @@ impl From<&pb::Gpu> for Gpu {
             pci_bus_id: g.pci_bus_id.clone(),
             compute_mode: g.compute_mode.clone(),
             sm_count: g.sm_count,
+            error: non_empty(&g.error),
             processes: g
                 .processes
                 .iter()
@@ -91,6 +97,8 @@ impl From<&pb::Gpu> for Gpu {
                     used_mib: p.used_mib,
                     gpu_instance_id: p.gpu_instance_id,
                     mps_client: p.mps_client,
+                    model: non_empty(&p.model),
+                    replica: p.replica,
                 })
                 .collect(),
         }

@@ -27,7 +27,7 @@ fn cases() -> Vec<(String, &'static str, &'static str)> {
         ("version = 1\n[[gpus]]\nselect = \"0\"\nsharing = \"magic\"\n".into(), "gpus[0].sharing", "\"magic\" is not one of"),
         ("version = 1\n[[gpus]]\nselect = \"0\"\n".into(), "gpus[0].sharing", "sharing is required"),
         ("version = 1\n[[gpus]]\nselect = \"0\"\nsharing = \"exclusive\"\n[[gpus]]\nselect = \"0-1\"\nsharing = \"exclusive\"\n".into(), "gpus[1].select", "GPU 0 is already selected by gpus[0]"),
-        ("version = 1\n[[gpus]]\nselect = \"0\"\nsharing = \"mig\"\nmig = [\"3g.40gb\"]\n".into(), "gpus[0].mig[0]", "profile \"3g.40gb\" does not exist on GPU 0"),
+        ("version = 1\n[[gpus]]\nselect = \"0\"\nsharing = \"mig\"\nmig = [\"3g.40gb\"]\n".into(), "gpus[0].mig[0]", "profile \"3g.40gb\" does not exist on NVIDIA H200"),
         ("version = 1\n[[gpus]]\nselect = \"0\"\nsharing = \"mig\"\nmig = [\"3g.71gb@2\"]\n".into(), "gpus[0].mig[0]", "3g.71gb@2 is not a valid placement"),
         ("version = 1\n[[gpus]]\nselect = \"0\"\nsharing = \"time-slicing\"\nmig = [\"1g.18gb\"]\n".into(), "gpus[0].mig", "only valid with sharing = \"mig\""),
         ("version = 1\n[[gpus]]\nselect = \"0\"\nsharring = \"mig\"\nsharing = \"exclusive\"\n".into(), "gpus[0].sharring", "unknown key"),
@@ -66,12 +66,28 @@ fn cases() -> Vec<(String, &'static str, &'static str)> {
         (model("limits = { cpu = -1 }"), "models[0].limits.cpu", "positive number of CPUs"),
         (model("limits = { memory = \"8 apples\" }"), "models[0].limits.memory", "not a size"),
         (model("colour = \"blue\""), "models[0].colour", "unknown key \"colour\""),
+        ("version = 1\n[[gpus]]\nselect = \"0-200000\"\nsharing = \"exclusive\"\n".into(), "gpus[0].select", "past the 1024 GPUs"),
+        (model("stop_timeout = \"500000000000years\""), "models[0].stop_timeout", "longer than the 24h"),
+        (model("stop_timeout = \"25h\""), "models[0].stop_timeout", "longer than the 24h"),
+        (model("memory = \"512KiB\"").replace("memory = \"1GiB\"\n", ""), "models[0].memory", "under 1 MiB"),
+        (model("").replace("\"600\"]", "\"6\\u00000\"]"), "models[0].command[1]", "NUL byte"),
+        (model("").replace("\"/usr/bin/sleep\"", "\"/root/.gpu-agent-test-secret.sh\""), "models[0].command[0]", "cannot reach"),
+        ("version = 1\n[[gpus]]\nselect = \"0\"\nsharing = \"mig\"\nmig = [\"3g.71gb\", \"3g.71gb\", \"3g.71gb\"]\n".into(), "gpus[0].mig", "takes at most 2; a layout that fits: 3g.71gb 3g.71gb"),
+        ("version = 1\n[[gpus]]\nselect = \"0\"\nsharing = \"mig\"\nmig = [\"7g.141gb\", \"1g.18gb\"]\n".into(), "gpus[0].mig", "a layout that fits: 7g.141gb"),
+        ("version = 1\n[[gpus]]\nselect = \"0\"\nsharing = \"mig\"\nmig = [\"1g.18gb+me\", \"1g.18gb+me\"]\n".into(), "gpus[0].mig", "one media extension"),
+        ("version = 1\n[[gpus]]\nselect = \"0\"\nsharing = \"mig\"\nmig = [\"2g.35gb@1\"]\n".into(), "gpus[0].mig[0]", "starts at 0, 2, 4"),
         (model("isolation = \"exclusive\"\nreplicas = 2").replace("memory = \"1GiB\"", "memory = \"100GiB\""), "models[0]", "replica 1 of \"m\" cannot be placed"),
     ]
 }
 
 #[test]
 fn bad_plans_are_refused_with_their_key_path_and_change_nothing() {
+    // A program nobody (the default run-as user) cannot reach: root's home is 0700.
+    std::fs::create_dir_all("/root").unwrap();
+    std::fs::write("/root/.gpu-agent-test-secret.sh", "#!/bin/sh\n").unwrap();
+    std::fs::set_permissions("/root/.gpu-agent-test-secret.sh", std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .unwrap();
+    std::fs::set_permissions("/root", std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
     let agent = Agent::start("h200:4");
     let good = agent.write_plan("good.toml", &model(""));
     assert_eq!(agent.gpuctl(&["apply", "-f", &good]).code, 0);
@@ -105,6 +121,25 @@ fn bad_plans_are_refused_with_their_key_path_and_change_nothing() {
     }
     assert_eq!(agent.worker_pids(), workers_before, "bad plans changed the workers");
     assert_eq!(agent.state_json()["plan"], plan_before, "bad plans changed the stored plan");
+}
+
+/// A model with one bad key is still checked for everything else, and a duplicate of its name
+/// is still found.
+#[test]
+fn partial_entries_are_still_checked() {
+    let agent = Agent::start("h200:2");
+    let text = "version = 1\n[[gpus]]\nselect = \"0\"\nsharing = \"exclusive\"\n[[models]]\nname = \"a\"\ncommand = \"not an array\"\nmemory = \"1GiB\"\nuser = \"ghost-user\"\n[[models]]\nname = \"a\"\ncommand = [\"/usr/bin/sleep\"]\nmemory = \"200GiB\"\n";
+    let file = agent.write_plan("partial.toml", text);
+    let out = agent.gpuctl(&["apply", "-f", &file]);
+    assert_eq!(out.code, 2, "{out:?}");
+    for want in [
+        "models[0].command (line 7)",
+        "models[0].user (line 9)",
+        "models[1].name (line 11): duplicate model name",
+        "models[1].memory (line 13)",
+    ] {
+        assert!(out.stderr.contains(want), "missing {want:?} in\n{}", out.stderr);
+    }
 }
 
 #[test]

@@ -72,6 +72,13 @@ fn demo_plan_applies_then_is_a_no_op() {
             "{status}"
         );
         assert_eq!(env_of(pid, "GPU_SIM_STATE"), None, "the agent's own environment does not leak");
+        let mut fds: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        fds.sort();
+        assert_eq!(fds, ["0", "1", "2"], "only stdin, stdout and stderr are open in {model}/{replica}");
     }
     let embed_pid = workers[3]["pid"].as_u64().unwrap();
     assert_eq!(env_of(embed_pid, "EMBED_BATCH").as_deref(), Some("64"));
@@ -182,6 +189,8 @@ fn crashed_worker_is_reported_and_restarted_by_the_next_apply() {
     assert!(diff.stdout.contains("not running (killed by signal 9 (SIGKILL))"), "{diff:?}");
     assert_eq!(agent.gpuctl(&["apply", "-f", &plan]).code, 0);
     assert_eq!(agent.worker_pids()[0].3, "running");
+    let w = agent.gpuctl(&["-o", "json", "workers"]).json();
+    assert_eq!(w["workers"][0]["restarts"], 1, "starting a worker that had exited is a restart");
 }
 
 #[test]
@@ -219,4 +228,61 @@ fn workers_survive_an_agent_restart_and_are_adopted() {
     // SAFETY: kill(2) on a worker this test started.
     unsafe { libc::kill(adopted as i32, libc::SIGTERM) };
     agent.wait_for("the adopted worker's exit", 10, || agent.worker_pids()[0].3 != "running");
+}
+
+fn session_members(sid: u64) -> Vec<u64> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u64>().ok())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let rest = stat.rfind(')').map(|i| &stat[i + 2..]).unwrap_or("");
+            rest.split_whitespace().nth(3) == Some(&sid.to_string()) && alive(*pid)
+        })
+        .collect()
+}
+
+/// A worker that exits leaves nothing behind: what it started in its session goes too.
+#[test]
+fn an_exited_worker_leaves_no_orphans() {
+    let agent = Agent::start("h200:1");
+    let text = "version = 1\n[[gpus]]\nselect = \"0\"\nsharing = \"time-slicing\"\n[[models]]\nname = \"forker\"\ncommand = [\"/bin/sh\", \"-c\", \"/usr/bin/sleep 601 & sleep 0.3; exit 3\"]\nmemory = \"1GiB\"\n";
+    let plan = agent.write_plan("f.toml", text);
+    assert_eq!(agent.gpuctl(&["apply", "-f", &plan]).code, 0);
+    let pid = agent.worker_pids()[0].2.unwrap();
+    agent.wait_for("the background child", 10, || session_members(pid).len() >= 2);
+    agent.wait_for("the worker to fail", 10, || agent.worker_pids()[0].3 == "failed");
+    agent.wait_for("its session to be empty", 10, || session_members(pid).is_empty());
+    let w = agent.gpuctl(&["-o", "json", "workers"]).json();
+    assert_eq!(w["workers"][0]["last_exit"], "exited with status 3");
+}
+
+/// A worker the agent was stopping when it died is stopped by the next agent, not left
+/// `stopping`; the restarted agent then applies its stored plan.
+#[test]
+fn an_interrupted_stop_is_finished_after_a_restart() {
+    let mut agent = Agent::start("h200:1");
+    let base = "version = 1\n[[gpus]]\nselect = \"0\"\nsharing = \"time-slicing\"\n";
+    let stubborn = format!(
+        "{base}[[models]]\nname = \"stubborn\"\ncommand = [\"/bin/sh\", \"-c\", \"trap '' TERM; while true; do sleep 0.1; done\"]\nmemory = \"1GiB\"\nstop_timeout = \"2s\"\n"
+    );
+    let plan = agent.write_plan("s.toml", &stubborn);
+    assert_eq!(agent.gpuctl(&["apply", "-f", &plan]).code, 0);
+    let pid = agent.worker_pids()[0].2.unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let empty = agent.write_plan("empty.toml", base);
+    let socket = agent.socket.clone();
+    let stopper = std::thread::spawn(move || crate::harness::gpuctl_at(&socket, &["apply", "-f", &empty]));
+    agent.wait_for("the worker to be stopping", 10, || agent.worker_pids()[0].3 == "stopping");
+    agent.stop_agent(libc::SIGKILL);
+    let _ = stopper.join();
+    assert!(alive(pid), "SIGTERM is ignored, and the agent died before SIGKILL");
+    agent.launch().unwrap();
+    assert!(!alive(pid), "the new agent finished the stop before serving");
+    // The interrupted apply never completed, so the stored plan (with the worker) is applied again.
+    let workers = agent.worker_pids();
+    assert_eq!(workers.len(), 1, "{workers:?}");
+    assert_ne!(workers[0].2, Some(pid));
+    assert_eq!(workers[0].3, "running");
 }

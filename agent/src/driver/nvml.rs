@@ -302,8 +302,17 @@ impl GpuDriver for NvmlDriver {
             .map_err(|source| DriverError::Host { call: "nvmlSystemGetDriverVersion", source })?;
         let count =
             self.nvml.device_count().map_err(|source| DriverError::Host { call: "nvmlDeviceGetCount_v2", source })?;
-        let gpus = (0..count).map(|i| self.gpu(i)).collect::<Result<_, _>>()?;
-        Ok(Inventory { driver_version, gpus })
+        let mut inventory = Inventory { driver_version, ..Inventory::default() };
+        for index in 0..count {
+            match self.gpu(index) {
+                Ok(gpu) => inventory.gpus.push(gpu),
+                Err(e) => {
+                    tracing::warn!(gpu = index, error = %e, "GPU unavailable");
+                    inventory.unavailable.push(crate::inventory::Unavailable { index, error: e.to_string() });
+                }
+            }
+        }
+        Ok(inventory)
     }
 
     fn set_mig_mode(&self, gpu: u32, enable: bool) -> Result<MigMode, DriverError> {

@@ -10,6 +10,7 @@ use crate::mig::{Want, plan_layout};
 use crate::settings::WorkerPolicy;
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 
 /// The desired state of the GPUs a plan manages, keyed by GPU index.
 #[derive(Debug, Clone, Default)]
@@ -38,14 +39,20 @@ pub fn check(plan: &Plan, spans: &Spans, inventory: &Inventory, policy: &WorkerP
     let mut names: BTreeMap<&str, usize> = BTreeMap::new();
     for model in &plan.models {
         let at = |key: &str| format!("models[{}].{key}", model.index);
-        if let Some(first) = names.insert(&model.name, model.index) {
-            problems.push(
-                spans.problem(&at("name"), format!("duplicate model name {:?} (also models[{first}])", model.name)),
-            );
-            names.insert(&model.name, first);
+        if !model.name.is_empty() {
+            if let Some(first) = names.get(model.name.as_str()) {
+                problems.push(
+                    spans.problem(&at("name"), format!("duplicate model name {:?} (also models[{first}])", model.name)),
+                );
+            } else {
+                names.insert(&model.name, model.index);
+            }
         }
-        check_model(model, spans, inventory, &gpus, policy, &mut problems);
+        check_model(model, spans, inventory, &gpus, plan.gpus_incomplete, policy, &mut problems);
     }
+    // `select = "all"` over identical GPUs would say the same thing once per GPU.
+    let mut seen = std::collections::BTreeSet::new();
+    problems.retain(|p| seen.insert((p.path.clone(), p.message.clone())));
     (Desired { gpus, models: plan.models.clone() }, problems)
 }
 
@@ -73,8 +80,14 @@ fn check_gpus(
                 }
             },
             Selector::Indices(indices) => {
-                let missing: Vec<String> =
-                    indices.iter().filter(|i| inventory.gpu(**i).is_none()).map(u32::to_string).collect();
+                for u in inventory.unavailable.iter().filter(|u| indices.contains(&u.index)) {
+                    problems.push(spans.problem(&select_path, format!("GPU {} is unavailable: {}", u.index, u.error)));
+                }
+                let missing: Vec<String> = indices
+                    .iter()
+                    .filter(|i| inventory.gpu(**i).is_none() && !inventory.unavailable.iter().any(|u| u.index == **i))
+                    .map(u32::to_string)
+                    .collect();
                 if !missing.is_empty() {
                     let what = if missing.len() == 1 { "GPU {} does not exist" } else { "GPUs {} do not exist" };
                     let what = what.replace("{}", &missing.join(", "));
@@ -113,7 +126,7 @@ fn check_gpus(
             }
         }
         for gpu in &selected {
-            if entry.sharing == Sharing::Mig {
+            if entry.sharing == Sharing::Mig && !entry.mig_broken {
                 if gpu.profiles.is_empty() {
                     problems.push(
                         spans.problem(&sharing_path, format!("GPU {} ({}) does not support MIG", gpu.index, gpu.name)),
@@ -121,7 +134,8 @@ fn check_gpus(
                 } else {
                     let wants: Vec<Want> =
                         entry.mig.iter().map(|m| Want { profile: m.profile.clone(), start: m.start }).collect();
-                    let name = format!("GPU {} ({})", gpu.index, gpu.name);
+                    // The product's name only, so identical GPUs give identical (deduplicated) problems.
+                    let name = gpu.name.clone();
                     if let Err(errors) = plan_layout(&name, &gpu.profiles, &gpu.instances, &wants) {
                         for e in errors {
                             let path = match e.want {
@@ -186,13 +200,18 @@ fn check_model(
     spans: &Spans,
     inventory: &Inventory,
     gpus: &BTreeMap<u32, DesiredGpu>,
+    gpus_incomplete: bool,
     policy: &WorkerPolicy,
     problems: &mut Vec<Problem>,
 ) {
+    let broken = |key: &str| model.broken.contains(key);
     let at = |key: &str| format!("models[{}].{key}", model.index);
     // Where the model could run: its pinned GPU, or every managed GPU whose sharing hosts its tier.
     let mut candidates: Vec<(&Gpu, &DesiredGpu)> = Vec::new();
+    // Where the model can run is unknowable when its tier, its pin or a GPU entry is unreadable.
+    let placeable = !gpus_incomplete && !broken("isolation") && !broken("gpu");
     match &model.gpu {
+        _ if !placeable => {}
         Some(pin) => {
             let found = match pin {
                 GpuRef::Index(i) => inventory.gpu(*i),
@@ -232,7 +251,7 @@ fn check_model(
                 .filter(|(_, d)| hosts(model.isolation, d.sharing))
                 .filter_map(|(i, d)| inventory.gpu(*i).map(|g| (g, d)))
                 .collect();
-            if candidates.is_empty() && model.replicas > 0 {
+            if candidates.is_empty() && model.replicas > 0 && !broken("replicas") {
                 let need = match model.isolation {
                     Isolation::Auto => "a GPU selected by a [[gpus]] entry".to_string(),
                     other => format!(
@@ -252,7 +271,9 @@ fn check_model(
             }
         }
     }
-    if let Some((gpu, desired)) = candidates.iter().max_by_key(|(g, d)| capacity_mib(g, d, model.isolation)) {
+    if let Some((gpu, desired)) =
+        candidates.iter().filter(|_| !broken("memory")).max_by_key(|(g, d)| capacity_mib(g, d, model.isolation))
+    {
         let largest = capacity_mib(gpu, desired, model.isolation);
         if model.memory_mib > largest {
             problems.push(spans.problem(
@@ -267,7 +288,7 @@ fn check_model(
             ));
         }
     }
-    if model.compute.is_some() && !matches!(model.isolation, Isolation::Mps | Isolation::Auto) {
+    if model.compute.is_some() && !broken("isolation") && !matches!(model.isolation, Isolation::Mps | Isolation::Auto) {
         problems.push(spans.problem(
             &at("compute"),
             format!(
@@ -276,46 +297,129 @@ fn check_model(
             ),
         ));
     }
-    check_program(&model.command[0], &at("command[0]"), spans, problems);
-    if let Some(dir) = &model.working_dir {
-        match std::fs::metadata(dir) {
-            Ok(m) if m.is_dir() => {}
-            Ok(_) => problems.push(spans.problem(&at("working_dir"), format!("{} is not a directory", dir.display()))),
-            Err(e) => problems.push(spans.problem(&at("working_dir"), format!("{}: {e}", dir.display()))),
+    let identity =
+        if broken("user") { None } else { check_user(model.user.as_deref(), &at("user"), spans, policy, problems) };
+    if let Some(id) = &identity {
+        if let Some(program) = model.command.first() {
+            check_access(Path::new(program), Access::Execute, id, &at("command[0]"), spans, problems);
         }
-    }
-    check_user(model.user.as_deref(), &at("user"), spans, policy, problems);
-}
-
-fn check_program(program: &str, path: &str, spans: &Spans, problems: &mut Vec<Problem>) {
-    match std::fs::metadata(program) {
-        Ok(m) if !m.is_file() => problems.push(spans.problem(path, format!("{program} is not a file"))),
-        Ok(m) if m.permissions().mode() & 0o111 == 0 => {
-            problems.push(spans.problem(path, format!("{program} is not executable")))
+        if let Some(dir) = &model.working_dir {
+            check_access(dir, Access::Enter, id, &at("working_dir"), spans, problems);
         }
-        Ok(_) => {}
-        Err(e) => problems.push(spans.problem(path, format!("{program}: {e}"))),
     }
 }
 
-fn check_user(user: Option<&str>, path: &str, spans: &Spans, policy: &WorkerPolicy, problems: &mut Vec<Problem>) {
+/// Who a worker would run as: what file permissions are checked against.
+pub struct Identity {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Access {
+    /// A program: a regular file the user may execute.
+    Execute,
+    /// A working directory: a directory the user may enter.
+    Enter,
+}
+
+/// Whether `id` has permission `bit` (0o4 read, 0o1 execute/search) on a file with this metadata.
+fn permits(meta: &std::fs::Metadata, id: &Identity, bit: u32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let mode = meta.mode();
+    if id.uid == 0 {
+        // Root may search any directory and execute a file with any execute bit set.
+        return meta.is_dir() || mode & 0o111 != 0;
+    }
+    let shift = if meta.uid() == id.uid {
+        6
+    } else if meta.gid() == id.gid || id.groups.contains(&meta.gid()) {
+        3
+    } else {
+        0
+    };
+    mode & (bit << shift) != 0
+}
+
+/// Checks that `id` can reach `target` (search permission on every directory above it) and
+/// execute it or enter it, as the worker will have to.
+fn check_access(target: &Path, access: Access, id: &Identity, path: &str, spans: &Spans, problems: &mut Vec<Problem>) {
+    let shown = target.display();
+    let meta = match std::fs::metadata(target) {
+        Ok(m) => m,
+        Err(e) => return problems.push(spans.problem(path, format!("{shown}: {e}"))),
+    };
+    let kind_ok = match access {
+        Access::Execute => meta.is_file(),
+        Access::Enter => meta.is_dir(),
+    };
+    if !kind_ok {
+        let want = if access == Access::Execute { "a file" } else { "a directory" };
+        return problems.push(spans.problem(path, format!("{shown} is not {want}")));
+    }
+    for dir in target.ancestors().skip(1) {
+        if let Ok(m) = std::fs::metadata(dir)
+            && !permits(&m, id, 0o1)
+        {
+            return problems.push(spans.problem(
+                path,
+                format!("user {} cannot reach {shown}: no search permission on {}", id.name, dir.display()),
+            ));
+        }
+    }
+    if meta.permissions().mode() & 0o111 == 0 && access == Access::Execute {
+        return problems.push(spans.problem(path, format!("{shown} is not executable")));
+    }
+    if !permits(&meta, id, 0o1) {
+        let verb = if access == Access::Execute { "execute" } else { "enter" };
+        problems.push(spans.problem(path, format!("user {} may not {verb} {shown}", id.name)));
+    }
+}
+
+/// Resolves the worker's run-as user (the model's, or the agent's default) and checks the agent
+/// may run workers as it. None when the user is unusable (a problem says why).
+fn check_user(
+    user: Option<&str>,
+    path: &str,
+    spans: &Spans,
+    policy: &WorkerPolicy,
+    problems: &mut Vec<Problem>,
+) -> Option<Identity> {
     let euid = nix::unistd::geteuid();
-    let Some(name) = user.or(policy.default_user.as_deref()) else { return };
+    let Some(name) = user.or(policy.default_user.as_deref()) else {
+        // No user at all: the worker runs as the agent itself.
+        let groups = nix::unistd::getgroups().unwrap_or_default().iter().map(|g| g.as_raw()).collect();
+        let name = nix::unistd::User::from_uid(euid).ok().flatten().map(|u| u.name).unwrap_or_else(|| euid.to_string());
+        return Some(Identity { name, uid: euid.as_raw(), gid: nix::unistd::getegid().as_raw(), groups });
+    };
     match nix::unistd::User::from_name(name) {
         Ok(Some(u)) => {
             if u.uid.is_root() && !policy.allow_root {
                 problems.push(spans.problem(path, format!("{name} is root: workers run as root only when the agent's settings say allow_root_workers = true")));
-            } else if !euid.is_root() && u.uid != euid {
+                return None;
+            }
+            if !euid.is_root() && u.uid != euid {
                 problems.push(spans.problem(
                     path,
                     format!("the agent runs as uid {euid}, not root, so it cannot run workers as {name}"),
                 ));
+                return None;
             }
+            let cname = std::ffi::CString::new(name).ok()?;
+            let groups =
+                nix::unistd::getgrouplist(&cname, u.gid).unwrap_or_default().iter().map(|g| g.as_raw()).collect();
+            Some(Identity { name: name.to_string(), uid: u.uid.as_raw(), gid: u.gid.as_raw(), groups })
         }
         Ok(None) => {
             let origin = if user.is_some() { "" } else { " (the agent's default_user)" };
             problems.push(spans.problem(path, format!("user {name:?}{origin} does not exist on this host")));
+            None
         }
-        Err(e) => problems.push(spans.problem(path, format!("cannot look up user {name:?}: {e}"))),
+        Err(e) => {
+            problems.push(spans.problem(path, format!("cannot look up user {name:?}: {e}")));
+            None
+        }
     }
 }

@@ -106,7 +106,7 @@ mod tests {
             instances: vec![],
             processes: vec![],
         };
-        Inventory { driver_version: String::new(), gpus: (0..n).map(gpu).collect() }
+        Inventory { driver_version: String::new(), gpus: (0..n).map(gpu).collect(), unavailable: vec![] }
     }
 
     #[test]

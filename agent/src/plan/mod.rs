@@ -40,6 +40,9 @@ impl std::fmt::Display for Problem {
 pub struct Plan {
     pub gpus: Vec<GpuEntry>,
     pub models: Vec<Model>,
+    /// A `[[gpus]]` entry could not be read at all: checks of where models can run would only
+    /// repeat that problem, so they are skipped.
+    pub gpus_incomplete: bool,
 }
 
 /// Which GPUs a `[[gpus]]` entry selects.
@@ -126,6 +129,10 @@ pub struct GpuEntry {
     pub mig: Vec<MigInstance>,
     pub mps: Option<MpsDefaults>,
     pub timeslice: Option<Timeslice>,
+    /// Its `mig` list had a problem (reported), so its layout is not checked further.
+    pub mig_broken: bool,
+    /// Some key of the entry had a problem (reported).
+    pub broken: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -200,6 +207,10 @@ pub struct Model {
     pub health: Option<Health>,
     pub limits: Limits,
     pub stop_timeout: Duration,
+    /// Keys that had a problem (reported); they hold placeholders, and checks that need them are
+    /// skipped. A plan with any problem never reaches reconciliation.
+    #[serde(skip)]
+    pub broken: std::collections::BTreeSet<&'static str>,
 }
 
 #[cfg(test)]

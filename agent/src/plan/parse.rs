@@ -228,8 +228,9 @@ fn read_plan(ctx: &mut Ctx, root: &Node) -> Plan {
     }
     if let Some((path, node)) = fields.take("gpus") {
         for (i, (path, node)) in tables(ctx, &path, node, "[[gpus]]").into_iter().enumerate() {
-            if let Some(entry) = read_gpu_entry(ctx, &path, node, i) {
-                plan.gpus.push(entry);
+            match read_gpu_entry(ctx, &path, node, i) {
+                Some(entry) => plan.gpus.push(entry),
+                None => plan.gpus_incomplete = true,
             }
         }
     }
@@ -290,16 +291,17 @@ fn read_gpu_entry(ctx: &mut Ctx, path: &str, node: &Node, index: usize) -> Optio
             }
         }
     }
-    if ctx.problems.len() > before {
-        return None;
-    }
+    // An entry whose selector and sharing read is kept even when other keys are bad, so the
+    // checks against the host still run on it; `broken` says to trust nothing else about it.
     Some(GpuEntry {
         index,
         select: select?,
         sharing: sharing?,
+        mig_broken: mig.as_ref().is_some_and(|(_, _, m)| m.is_none()),
         mig: mig.and_then(|(_, _, m)| m).unwrap_or_default(),
         mps: mps.and_then(|(_, _, m)| m),
         timeslice: timeslice.and_then(|(_, _, t)| t),
+        broken: ctx.problems.len() > before,
     })
 }
 
@@ -328,6 +330,10 @@ fn read_selector(ctx: &mut Ctx, path: &str, node: &Node) -> Option<Selector> {
     }
 }
 
+/// More GPU indices than any host has; a selector past it is a mistake (and would be expensive to
+/// expand).
+pub const MAX_GPUS: u32 = 1024;
+
 /// `all`, a `GPU-` UUID, or a comma list of indices and `A-B` ranges.
 pub fn parse_selector(text: &str) -> Result<Selector, String> {
     if text == "all" {
@@ -342,6 +348,7 @@ pub fn parse_selector(text: &str) -> Result<Selector, String> {
         )
     };
     let mut indices = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
     for part in text.split(',').map(str::trim) {
         let (lo, hi) = match part.split_once('-') {
             Some((lo, hi)) => (lo.trim(), hi.trim()),
@@ -352,8 +359,11 @@ pub fn parse_selector(text: &str) -> Result<Selector, String> {
         if lo > hi {
             return Err(format!("{text:?}: range {lo}-{hi} runs backwards"));
         }
+        if hi >= MAX_GPUS {
+            return Err(format!("{text:?}: GPU {hi} is past the {MAX_GPUS} GPUs a host can have"));
+        }
         for i in lo..=hi {
-            if indices.contains(&i) {
+            if !seen.insert(i) {
                 return Err(format!("{text:?} names GPU {i} twice"));
             }
             indices.push(i);
@@ -456,7 +466,6 @@ const MODEL_KEYS: &[&str] = &[
 pub const RESERVED_ENV: &[&str] = &["CUDA_VISIBLE_DEVICES", "GPU_AGENT_", "CUDA_MPS_"];
 
 fn read_model(ctx: &mut Ctx, path: &str, node: &Node, index: usize) -> Option<Model> {
-    let before = ctx.problems.len();
     let mut f = Fields::of(ctx, path, node)?;
     let name = f.required(ctx, "name", &node.span, "").and_then(|(p, n)| {
         let s = string(ctx, &p, n)?;
@@ -489,6 +498,10 @@ fn read_model(ctx: &mut Ctx, path: &str, node: &Node, index: usize) -> Option<Mo
         let args: Vec<Option<String>> = items.iter().enumerate().map(|(i, a)| string(ctx, &format!("{p}[{i}]"), a)).collect();
         let args: Option<Vec<String>> = args.into_iter().collect();
         let args = args?;
+        if let Some(i) = args.iter().position(|a| a.contains('\0')) {
+            ctx.error(&format!("{p}[{i}]"), &items[i].span, "contains a NUL byte, which no argument can hold");
+            return None;
+        }
         if !args[0].starts_with('/') {
             ctx.error(&format!("{p}[0]"), &items[0].span, format!("{:?} is not an absolute path: name the program by its full path, e.g. \"/usr/bin/python3\"", args[0]));
             return None;
@@ -501,7 +514,14 @@ fn read_model(ctx: &mut Ctx, path: &str, node: &Node, index: usize) -> Option<Mo
         .unwrap_or(Some(Isolation::Auto));
     let memory = f
         .required(ctx, "memory", &node.span, ": the model's GPU memory budget, e.g. memory = \"6GiB\"")
-        .and_then(|(p, n)| size(ctx, &p, n));
+        .and_then(|(p, n)| {
+            let bytes = size(ctx, &p, n)?;
+            if bytes < 1 << 20 {
+                ctx.error(&p, &n.span, "a GPU memory budget under 1 MiB cannot hold even a CUDA context");
+                return None;
+            }
+            Some(bytes)
+        });
     let compute = f.take("compute").map(|(p, n)| integer(ctx, &p, n, 1..=100).map(|c| c as u32));
     let replicas = f.take("replicas").map(|(p, n)| integer(ctx, &p, n, 0..=1024).map(|r| r as u32)).unwrap_or(Some(1));
     let gpu = f.take("gpu").map(|(p, n)| match &n.kind {
@@ -539,25 +559,44 @@ fn read_model(ctx: &mut Ctx, path: &str, node: &Node, index: usize) -> Option<Mo
     let stop_timeout =
         f.take("stop_timeout").map(|(p, n)| duration(ctx, &p, n)).unwrap_or(Some(Duration::from_secs(10)));
     f.finish(ctx, MODEL_KEYS);
-    if ctx.problems.len() > before {
-        return None;
-    }
+    // Keep the model even when keys are bad, with placeholders, so every other check still runs.
+    let mut broken = std::collections::BTreeSet::new();
+    let mut mark = |key: &'static str, ok: bool| {
+        if !ok {
+            broken.insert(key);
+        }
+    };
+    mark("name", name.is_some());
+    mark("command", command.is_some());
+    mark("memory", memory.is_some());
+    mark("isolation", isolation.is_some());
+    mark("compute", !matches!(compute, Some(None)));
+    mark("replicas", replicas.is_some());
+    mark("gpu", !matches!(gpu, Some(None)));
+    mark("user", !matches!(user, Some(None)));
+    mark("working_dir", !matches!(working_dir, Some(None)));
+    mark("env", !matches!(env, Some(None)));
+    mark("restart", restart.is_some());
+    mark("health", !matches!(health, Some(None)));
+    mark("limits", !matches!(limits, Some(None)));
+    mark("stop_timeout", stop_timeout.is_some());
     Some(Model {
         index,
-        name: name?,
-        command: command?,
-        isolation: isolation?,
-        memory_mib: mib(memory?),
+        name: name.unwrap_or_default(),
+        command: command.unwrap_or_default(),
+        isolation: isolation.unwrap_or(Isolation::Auto),
+        memory_mib: memory.map(mib).unwrap_or(0),
         compute: compute.flatten(),
-        replicas: replicas?,
+        replicas: replicas.unwrap_or(0),
         gpu: gpu.flatten(),
         user: user.flatten(),
         working_dir: working_dir.flatten(),
         env: env.flatten().unwrap_or_default(),
-        restart: restart?,
+        restart: restart.unwrap_or(Restart::Never),
         health: health.flatten(),
         limits: limits.flatten().unwrap_or_default(),
-        stop_timeout: stop_timeout?,
+        stop_timeout: stop_timeout.unwrap_or(Duration::from_secs(10)),
+        broken,
     })
 }
 

@@ -42,10 +42,20 @@ pub fn mib(bytes: u64) -> u64 {
     bytes.div_ceil(1 << 20)
 }
 
+/// The longest duration a plan may give (a day): longer ones are mistakes, and would overflow
+/// deadline arithmetic.
+pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
+
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text.trim())
-        .map_err(|e| format!("{text:?} is not a duration ({e}): write e.g. \"5s\", \"250ms\" or \"1m\""))
-        .and_then(|d| if d.is_zero() { Err(format!("{text:?}: a duration must be longer than zero")) } else { Ok(d) })
+    let d = humantime::parse_duration(text.trim())
+        .map_err(|e| format!("{text:?} is not a duration ({e}): write e.g. \"5s\", \"250ms\" or \"1m\""))?;
+    if d.is_zero() {
+        return Err(format!("{text:?}: a duration must be longer than zero"));
+    }
+    if d > MAX_DURATION {
+        return Err(format!("{text:?} is longer than the 24h a plan may give"));
+    }
+    Ok(d)
 }
 
 /// MiB as a short human figure: "6 GiB", "512 MiB", "1.5 GiB".
@@ -84,7 +94,7 @@ mod tests {
     fn durations() {
         assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        for bad in ["5", "0s", "soon", ""] {
+        for bad in ["5", "0s", "soon", "", "25h", "18446744073709551615s", "500000000000years"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
     }

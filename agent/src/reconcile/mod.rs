@@ -49,23 +49,23 @@ pub struct WorkerSpec {
     pub memory_mib: u64,
     pub compute: Option<u32>,
     pub restart: String,
-    #[serde(with = "humantime_serde_secs")]
+    #[serde(with = "millis")]
     pub stop_timeout: Duration,
     pub health: Option<String>,
     pub limits: Option<String>,
 }
 
-/// Durations as fractional seconds in the state file.
-mod humantime_serde_secs {
+/// Durations as whole milliseconds in the state file.
+mod millis {
     use serde::{Deserialize, Deserializer, Serializer};
     use std::time::Duration;
 
     pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_f64(d.as_secs_f64())
+        s.serialize_u64(d.as_millis().min(u64::MAX as u128) as u64)
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        f64::deserialize(d).map(Duration::from_secs_f64)
+        u64::deserialize(d).map(Duration::from_millis)
     }
 }
 

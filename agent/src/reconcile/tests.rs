@@ -8,6 +8,7 @@ use crate::settings::WorkerPolicy;
 fn inventory(gpus: usize) -> Inventory {
     // Whole GPUs of 100 GiB, so the memory arithmetic below is easy to follow.
     Inventory {
+        unavailable: Vec::new(),
         driver_version: "test".into(),
         gpus: (0..gpus as u32)
             .map(|index| Gpu {

@@ -87,7 +87,18 @@ pub async fn wait_exit(pid: u32) -> Exit {
             let _ = async_fd.readable().await;
         }
     }
+    // Before the leader is reaped (its pid, the session id, cannot be reused while it is a
+    // zombie), whatever else runs in its session goes too: children it left behind would keep
+    // holding GPU memory with no worker to account them to.
+    kill_session(pid);
     reap(pid)
+}
+
+/// SIGKILL to every process in session `sid`.
+pub fn kill_session(sid: u32) {
+    for member in session_members(sid) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(member as i32), nix::sys::signal::Signal::SIGKILL);
+    }
 }
 
 fn reap(pid: u32) -> Exit {

@@ -102,21 +102,30 @@ pub fn spawn(spec: &WorkerSpec, user: Option<&str>, log_path: &Path) -> Result<S
         .stdout(log)
         .stderr(log2);
     let ids = switch.map(|id| (id.uid, id.gid, id.groups.clone()));
-    // SAFETY: the closure runs in the child between fork and exec, so it may only make
-    // async-signal-safe calls: setsid, setgroups, setgid, setuid and chdir are plain system calls,
-    // and it uses only data prepared before the fork (no allocation, no locks).
+    // Runs in the child between fork and exec: only async-signal-safe system calls on data
+    // prepared before the fork (no allocation, no locks).
+    let in_child = move || -> std::io::Result<()> {
+        // Only stdin, stdout and stderr go to the worker: descriptors the agent inherited without
+        // close-on-exec would leak into every model otherwise. Marked close-on-exec rather than
+        // closed, so std's own pipe still reports a failed exec to the parent.
+        // SAFETY: close_range takes two descriptor numbers and flags; it touches no memory.
+        if unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        nix::unistd::setsid()?;
+        if let Some((uid, gid, groups)) = &ids {
+            nix::unistd::setgroups(groups)?;
+            nix::unistd::setgid(*gid)?;
+            nix::unistd::setuid(*uid)?;
+        }
+        // After dropping privileges, so the directory is entered with the worker's rights.
+        nix::unistd::chdir(workdir_c.as_c_str())?;
+        Ok(())
+    };
+    // SAFETY: `in_child` makes only async-signal-safe calls (close_range, setsid, setgroups,
+    // setgid, setuid, chdir) and allocates nothing, as code between fork and exec must.
     unsafe {
-        cmd.pre_exec(move || {
-            nix::unistd::setsid()?;
-            if let Some((uid, gid, groups)) = &ids {
-                nix::unistd::setgroups(groups)?;
-                nix::unistd::setgid(*gid)?;
-                nix::unistd::setuid(*uid)?;
-            }
-            // After dropping privileges, so the directory is entered with the worker's rights.
-            nix::unistd::chdir(workdir_c.as_c_str())?;
-            Ok(())
-        });
+        cmd.pre_exec(in_child);
     }
     // std reports a failed exec (missing program, no permission, failed setuid) as an error here.
     let child = cmd.spawn().map_err(|source| SpawnError::Exec { worker, program: spec.command[0].clone(), source })?;

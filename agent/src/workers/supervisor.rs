@@ -47,16 +47,13 @@ impl Supervisor {
 
     /// Re-adopts workers recorded by an earlier agent: a live process with the recorded start
     /// time is watched again; anything else is marked as exited.
-    pub fn adopt(self: &Arc<Self>) -> Result<(), StoreError> {
+    pub async fn adopt(self: &Arc<Self>) -> Result<(), StoreError> {
         let records = self.state.snapshot().workers;
+        let mut interrupted = Vec::new();
         for rec in records.into_iter().filter(|r| r.state.active()) {
             let key = rec.spec.key.clone();
             match (rec.pid, rec.start_ticks) {
                 (Some(pid), Some(ticks)) if proc::same_process(pid, ticks) => {
-                    self.set(&key, |r| {
-                        r.state =
-                            if r.state == WorkerState::Stopping { WorkerState::Stopping } else { WorkerState::Running }
-                    })?;
                     self.events.emit(
                         Level::Info,
                         "worker_adopted",
@@ -64,7 +61,10 @@ impl Supervisor {
                         Some(rec.spec.gpu),
                         format!("adopted worker {key} (pid {pid})"),
                     );
-                    self.watch(key, pid);
+                    self.watch(key.clone(), pid);
+                    if rec.state == WorkerState::Stopping {
+                        interrupted.push(key);
+                    }
                 }
                 _ => {
                     self.set(&key, |r| {
@@ -80,6 +80,13 @@ impl Supervisor {
                         format!("worker {key} exited while the agent was down"),
                     );
                 }
+            }
+        }
+        // The agent died while stopping these: finish each stop (SIGTERM again, then SIGKILL
+        // after its stop timeout) before anything else, so no worker stays `stopping` for ever.
+        for key in interrupted {
+            if let Err(e) = self.stop(&key).await {
+                tracing::error!(worker = %key, error = %e, "finishing an interrupted stop");
             }
         }
         Ok(())
@@ -124,7 +131,9 @@ impl Supervisor {
     pub fn start(self: &Arc<Self>, spec: WorkerSpec) -> Result<u32, WorkerError> {
         let key = spec.key.clone();
         let user = spec.user.clone().or_else(|| self.policy.default_user.clone());
-        let restarts = self.records().iter().find(|r| r.spec.key == key).map(|r| r.restarts).unwrap_or(0);
+        // Starting a worker whose record is still here (it exited, or failed to start) is a
+        // restart of it; a worker stopped on purpose has no record left.
+        let restarts = self.records().iter().find(|r| r.spec.key == key).map(|r| r.restarts + 1).unwrap_or(0);
         match spawn::spawn(&spec, user.as_deref(), &self.log_path(&key)) {
             Ok(spawned) => {
                 let pid = spawned.pid;
@@ -137,7 +146,11 @@ impl Supervisor {
                     last_exit: None,
                     started_at_unix: now_unix(),
                 };
-                self.put(record)?;
+                // Watch it even if the state file cannot be written: the in-memory record holds
+                // it, and an unwatched process would never be reaped or reported.
+                let stored = self.put(record);
+                self.watch(key.clone(), pid);
+                stored?;
                 self.events.emit(
                     Level::Info,
                     "worker_started",
@@ -145,7 +158,6 @@ impl Supervisor {
                     Some(spec.gpu),
                     format!("started worker {key} (pid {pid}) on {}", spec.device),
                 );
-                self.watch(key, pid);
                 Ok(pid)
             }
             Err(err) => {
@@ -176,41 +188,19 @@ impl Supervisor {
     pub async fn stop(self: &Arc<Self>, key: &WorkerKey) -> Result<(), WorkerError> {
         let record =
             self.records().into_iter().find(|r| &r.spec.key == key).ok_or_else(|| WorkerError::Unknown(key.clone()))?;
-        if let (Some(pid), true) = (record.pid, record.state.active()) {
-            self.set(key, |r| r.state = WorkerState::Stopping)?;
-            let mut exits = self.exits.subscribe();
-            let group = Pid::from_raw(pid as i32);
-            let alive = || self.records().iter().any(|r| &r.spec.key == key && r.state.active());
-            if let Err(e) = killpg(group, Signal::SIGTERM)
-                && e != nix::errno::Errno::ESRCH
-            {
-                return Err(WorkerError::Signal { key: key.clone(), pid, source: e });
-            }
-            let deadline = tokio::time::Instant::now() + record.spec.stop_timeout;
-            while alive() {
-                if tokio::time::timeout_at(deadline, exits.changed()).await.is_err() {
-                    self.events.emit(
-                        Level::Warning,
-                        "worker_killed",
-                        Some(&key.model),
-                        Some(record.spec.gpu),
-                        format!(
-                            "worker {key} (pid {pid}) ignored SIGTERM for {:?}: sending SIGKILL",
-                            record.spec.stop_timeout
-                        ),
-                    );
-                    let _ = killpg(group, Signal::SIGKILL);
-                    // The kill cannot be ignored; wait for the watcher to see the exit.
-                    while alive() {
-                        if tokio::time::timeout(Duration::from_secs(5), exits.changed()).await.is_err() {
-                            break;
-                        }
-                    }
-                    break;
+        if let Some(pid) = record.pid {
+            // Only a record that still names this live process becomes `stopping`; if it exited
+            // in between, there is nothing left to signal.
+            let stopping = self.set(key, |r| {
+                let live = r.pid == Some(pid) && r.state.active();
+                if live {
+                    r.state = WorkerState::Stopping;
                 }
+                live
+            })?;
+            if stopping {
+                self.terminate(key, pid, &record).await?;
             }
-            // Whatever else is left in the group (children that ignored SIGTERM) goes too.
-            let _ = killpg(group, Signal::SIGKILL);
         }
         self.state.update(|s| s.workers.retain(|r| &r.spec.key != key))?;
         self.events.emit(
@@ -220,6 +210,46 @@ impl Supervisor {
             Some(record.spec.gpu),
             format!("stopped worker {key}"),
         );
+        Ok(())
+    }
+
+    /// SIGTERM to the worker's process group, SIGKILL to its whole session after the stop
+    /// timeout; returns once the worker's process is gone.
+    async fn terminate(self: &Arc<Self>, key: &WorkerKey, pid: u32, record: &WorkerRecord) -> Result<(), WorkerError> {
+        let mut exits = self.exits.subscribe();
+        let alive = || self.records().iter().any(|r| &r.spec.key == key && r.pid == Some(pid));
+        if let Err(e) = killpg(Pid::from_raw(pid as i32), Signal::SIGTERM)
+            && e != nix::errno::Errno::ESRCH
+        {
+            return Err(WorkerError::Signal { key: key.clone(), pid, source: e });
+        }
+        let deadline = tokio::time::Instant::now().checked_add(record.spec.stop_timeout);
+        while alive() {
+            let timed_out = match deadline {
+                Some(d) => tokio::time::timeout_at(d, exits.changed()).await.is_err(),
+                None => exits.changed().await.is_err(),
+            };
+            if timed_out {
+                self.events.emit(
+                    Level::Warning,
+                    "worker_killed",
+                    Some(&key.model),
+                    Some(record.spec.gpu),
+                    format!(
+                        "worker {key} (pid {pid}) ignored SIGTERM for {:?}: sending SIGKILL",
+                        record.spec.stop_timeout
+                    ),
+                );
+                proc::kill_session(pid);
+                // SIGKILL cannot be ignored; wait for the watcher to see the exit.
+                while alive() {
+                    if tokio::time::timeout(Duration::from_secs(5), exits.changed()).await.is_err() {
+                        break;
+                    }
+                }
+                break;
+            }
+        }
         Ok(())
     }
 
