@@ -6,4 +6,5 @@ mod harness;
 mod bad_plans;
 mod inventory;
 mod lifecycle;
+mod mig;
 mod workers;
