@@ -335,3 +335,30 @@ fn read_only_gpus_refuse_mig_changes() {
     assert!(dry.stderr.contains("applying would be refused"), "{dry:?}");
     assert!(instances(&agent, 0).is_empty());
 }
+
+/// The driver refusing a destroy (IN_USE: a process appeared after the plan was made) fails the
+/// step with the driver's word for it and undoes what the apply did before.
+#[test]
+fn a_destroy_the_driver_refuses_rolls_back() {
+    let agent = Agent::start("h200:1");
+    assert_eq!(agent.gpuctl(&["partition", "set", "0", "2g.35gb", "2g.35gb", "2g.35gb"]).code, 0);
+    let before = instances(&agent, 0);
+    sim(&agent, |h| {
+        h.faults.push(gpu_sim::Fault {
+            call: "nvmlGpuInstanceDestroy".into(),
+            gpu: Some(0),
+            after: 1,
+            times: 1,
+            code: 19,
+            seen: 0,
+        })
+    });
+    let out = agent.gpuctl(&["-o", "json", "partition", "set", "0", "7g.141gb"]);
+    assert_eq!(out.code, 1, "{out:?}");
+    let doc = out.json();
+    let failed = doc["results"].as_array().unwrap().iter().find(|r| r["ok"] == false).unwrap().clone();
+    assert_eq!(failed["action"], "destroy_gpu_instance");
+    assert!(failed["error"].as_str().unwrap().contains("nvmlGpuInstanceDestroy"), "{doc:#}");
+    assert_eq!(doc["rollback"].as_array().unwrap().len(), 1, "the one destroy that succeeded is undone: {doc:#}");
+    assert_eq!(instances(&agent, 0), before);
+}
