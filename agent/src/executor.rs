@@ -8,6 +8,7 @@
 
 use crate::driver::GpuDriver;
 use crate::holders;
+use crate::mps::{DaemonSpec, MpsManager};
 use crate::reconcile::{Step, WorkerKey, WorkerSpec};
 use crate::workers::Supervisor;
 use std::path::PathBuf;
@@ -70,6 +71,7 @@ pub struct RollbackReport {
 pub struct Context {
     pub driver: Arc<dyn GpuDriver>,
     pub supervisor: Arc<Supervisor>,
+    pub mps: Arc<MpsManager>,
     pub read_only_gpus: bool,
     /// Where the GPUs' device nodes are (`/dev`, or the simulated host's).
     pub device_dir: PathBuf,
@@ -83,6 +85,8 @@ enum Undo {
     CreateGpuInstance { gpu: u32, profile: String, profile_id: u32, start: u32, size: u32 },
     DestroyGpuInstance { gpu: u32, id: u32, label: String },
     SetMig { gpu: u32, enable: bool },
+    StartMps(Box<DaemonSpec>),
+    StopMps(String),
 }
 
 impl Undo {
@@ -93,6 +97,8 @@ impl Undo {
             Undo::CreateGpuInstance { gpu, profile, start, .. } => format!("re-create {profile}@{start} on GPU {gpu}"),
             Undo::DestroyGpuInstance { gpu, label, .. } => format!("destroy {label} on GPU {gpu}"),
             Undo::SetMig { gpu, enable } => format!("turn MIG {} on GPU {gpu}", if *enable { "on" } else { "off" }),
+            Undo::StartMps(spec) => format!("start MPS daemon {} again", spec.name),
+            Undo::StopMps(name) => format!("stop MPS daemon {name}"),
         }
     }
 }
@@ -153,6 +159,8 @@ async fn rollback(undo: Vec<Undo>, ctx: &Context, progress: &mut impl FnMut(Prog
                 let (gpu, enable) = (*gpu, *enable);
                 blocking(ctx, move |d| d.set_mig_mode(gpu, enable)).await.map(|_| ()).map_err(|e| e.to_string())
             }
+            Undo::StartMps(spec) => start_mps(spec, ctx).await,
+            Undo::StopMps(name) => ctx.mps.stop(name).await,
         };
         if result.is_err() {
             report.failed += 1;
@@ -188,6 +196,16 @@ async fn create_instance(ctx: &Context, gpu: u32, profile_id: u32, start: u32, s
 /// instance this apply created (or re-created) has a new one.
 async fn start_worker(spec: &WorkerSpec, ctx: &Context) -> Result<u32, String> {
     let mut spec = spec.clone();
+    // A client of a dead MPS daemon silently runs without MPS and without limits: never start one
+    // before its daemon answers.
+    if let Some(daemon) = &spec.mps_daemon
+        && !ctx.mps.answers(daemon).await
+    {
+        return Err(format!(
+            "worker {}: MPS daemon {daemon} does not answer; not starting a client that would run without MPS",
+            spec.key
+        ));
+    }
     if let Some(label) = &spec.instance {
         let gpu = spec.gpu;
         let inventory = blocking(ctx, |d| d.inventory()).await.map_err(|e| e.to_string())?;
@@ -208,7 +226,13 @@ async fn run(step: &Step, ctx: &Context) -> Result<Option<Undo>, String> {
             Ok(Some(Undo::StopWorker(spec.key.clone())))
         }
         Step::StopWorker { key, .. } => {
-            let old = ctx.supervisor.records().into_iter().find(|r| &r.spec.key == key).map(|r| r.spec);
+            let record = ctx.supervisor.records().into_iter().find(|r| &r.spec.key == key);
+            // An MPS client is ended with terminate_client first (killing a client with work in
+            // flight can wedge its server); SIGTERM and the stop timeout follow as for any worker.
+            if let Some((daemon, pid)) = record.as_ref().and_then(|r| r.spec.mps_daemon.clone().zip(r.pid)) {
+                ctx.mps.terminate_client(&daemon, pid).await;
+            }
+            let old = record.map(|r| r.spec);
             ctx.supervisor.stop(key).await.map_err(|e| e.to_string())?;
             Ok(old.map(|spec| Undo::StartWorker(Box::new(spec))))
         }
@@ -226,6 +250,15 @@ async fn run(step: &Step, ctx: &Context) -> Result<Option<Undo>, String> {
         Step::CreateGpuInstance { gpu, profile, profile_id, start, size, .. } => {
             let id = create_instance(ctx, *gpu, *profile_id, *start, *size).await?;
             Ok(Some(Undo::DestroyGpuInstance { gpu: *gpu, id, label: format!("{profile}@{start}") }))
+        }
+        Step::StartMps { daemon, .. } => {
+            start_mps(daemon, ctx).await?;
+            Ok(Some(Undo::StopMps(daemon.name.clone())))
+        }
+        Step::StopMps { name, .. } => {
+            let old = ctx.mps.records().into_iter().find(|r| &r.spec.name == name).map(|r| r.spec);
+            ctx.mps.stop(name).await?;
+            Ok(old.map(|spec| Undo::StartMps(Box::new(spec))))
         }
         Step::EnableMig { gpu, .. } | Step::DisableMig { gpu, .. } => {
             let (gpu, enable) = (*gpu, matches!(step, Step::EnableMig { .. }));
@@ -252,6 +285,21 @@ async fn run(step: &Step, ctx: &Context) -> Result<Option<Undo>, String> {
             Ok((was != enable).then_some(Undo::SetMig { gpu, enable: was }))
         }
     }
+}
+
+/// Starts an MPS daemon; one for a MIG instance this apply created gets that instance's UUID.
+async fn start_mps(spec: &DaemonSpec, ctx: &Context) -> Result<(), String> {
+    let mut spec = spec.clone();
+    if let Some(label) = spec.instance.clone() {
+        let gpu = spec.gpu;
+        let inventory = blocking(ctx, |d| d.inventory()).await.map_err(|e| e.to_string())?;
+        spec.device = inventory
+            .gpu(gpu)
+            .and_then(|g| g.instances.iter().find(|i| format!("{}@{}", i.profile, i.start) == label))
+            .and_then(|i| i.uuid.clone())
+            .ok_or_else(|| format!("MPS daemon {}: MIG instance {label} on GPU {gpu} does not exist", spec.name))?;
+    }
+    ctx.mps.start(spec).await
 }
 
 fn list(holders: &[holders::Holder]) -> String {

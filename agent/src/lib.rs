@@ -8,6 +8,7 @@ pub mod holders;
 pub mod inventory;
 pub mod logging;
 pub mod mig;
+pub mod mps;
 pub mod plan;
 pub mod reconcile;
 pub mod rpc;

@@ -4,6 +4,12 @@ use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    // Multi-call: under --simulate the agent links `nvidia-cuda-mps-control` to itself, so the fake
+    // MPS control daemon comes from the same `cargo run`.
+    let argv0 = std::env::args_os().next().unwrap_or_default();
+    if std::path::Path::new(&argv0).file_name().is_some_and(|n| n == simulate::MPS_CONTROL_NAME) {
+        return ExitCode::from(fake_mps::control_main(std::env::args_os().collect()) as u8);
+    }
     let mut settings = match Settings::load(Flags::parse()) {
         Ok(s) => s,
         Err(e) => {
@@ -14,14 +20,9 @@ fn main() -> ExitCode {
     logging::init(settings.log_format);
     // The simulated driver is prepared before the runtime starts any thread: the fake NVML
     // library finds its state through an environment variable.
-    let library = match &settings.simulate {
+    let library = match settings.simulate.clone() {
         None => settings.nvml_library.clone(),
-        Some(spec) => match simulate::prepare(spec, &settings.state_dir).and_then(|state| {
-            // SAFETY: no other thread exists yet; the runtime is built below.
-            unsafe { simulate::export_state_path(&state) };
-            settings.device_dir = gpu_sim::device_dir(&state);
-            settings.nvml_library.clone().map(Ok).unwrap_or_else(simulate::find_library)
-        }) {
+        Some(spec) => match simulate_host(&spec, &mut settings) {
             Ok(lib) => Some(lib),
             Err(e) => {
                 eprintln!("gpu-agent: {e}");
@@ -38,6 +39,18 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Prepares the simulated host: its state, the fake NVML library it is read through, and the fake
+/// MPS control. Runs before any other thread exists: the fake library finds its state through an
+/// environment variable.
+fn simulate_host(spec: &str, settings: &mut Settings) -> Result<std::path::PathBuf, simulate::SimulateError> {
+    let state = simulate::prepare(spec, &settings.state_dir)?;
+    // SAFETY: no other thread exists yet; the runtime is built after this returns.
+    unsafe { simulate::export_state_path(&state) };
+    settings.device_dir = gpu_sim::device_dir(&state);
+    simulate::prepare_mps(settings, &state)?;
+    settings.nvml_library.clone().map(Ok).unwrap_or_else(simulate::find_library)
 }
 
 async fn shutdown_signal() {

@@ -139,6 +139,7 @@ pub fn step_pb(step: &Step) -> pb::Step {
             out.replica = Some(spec.key.replica);
             out.device = spec.device.clone();
             out.isolation = spec.isolation.clone();
+            out.mps_daemon = spec.mps_daemon.clone().unwrap_or_default();
             if let Some((profile, start)) = spec.instance.as_deref().and_then(|i| i.split_once('@')) {
                 out.profile = profile.to_string();
                 out.start = start.parse().ok();
@@ -155,6 +156,15 @@ pub fn step_pb(step: &Step) -> pb::Step {
             out.start = Some(*start);
         }
         Step::EnableMig { .. } | Step::DisableMig { .. } => {}
+        Step::StartMps { daemon, .. } => {
+            out.mps_daemon = daemon.name.clone();
+            out.device = daemon.device.clone();
+            if let Some((profile, start)) = daemon.instance.as_deref().and_then(|i| i.split_once('@')) {
+                out.profile = profile.to_string();
+                out.start = start.parse().ok();
+            }
+        }
+        Step::StopMps { name, .. } => out.mps_daemon = name.clone(),
     }
     out
 }
@@ -314,6 +324,22 @@ impl AgentRpc for Rpc {
             }),
             state_dir: settings.state_dir.display().to_string(),
             uptime_seconds: view.uptime_secs,
+            mps_daemons: self
+                .agent
+                .do_mps()
+                .into_iter()
+                .map(|d| pb::MpsDaemon {
+                    name: d.spec.name,
+                    gpu: d.spec.gpu,
+                    device: d.spec.device,
+                    pid: d.pid.unwrap_or(0),
+                    state: d.state,
+                    restarts: d.restarts,
+                    last_error: d.last_error.unwrap_or_default(),
+                    active_thread_percentage: d.spec.active_thread_percentage,
+                    pinned_limit_mib: d.spec.pinned_limit_mib,
+                })
+                .collect(),
         }))
     }
 

@@ -5,6 +5,8 @@ use crate::driver::{DriverError, GpuDriver};
 use crate::events::{Event, Events, Level};
 use crate::executor::{self, Outcome, Progress};
 use crate::inventory::{Gpu, Inventory};
+use crate::mps::MpsManager;
+use crate::mps::daemons::{DaemonRecord, MpsSettings};
 use crate::plan::check::{self, Desired};
 use crate::plan::{Problem, parse};
 use crate::reconcile::{self, Step};
@@ -35,6 +37,7 @@ pub struct Agent {
     driver: Arc<dyn GpuDriver>,
     state: Arc<StateFile>,
     supervisor: Arc<Supervisor>,
+    mps: Arc<MpsManager>,
     events: Arc<Events>,
     /// One apply at a time; a second waits for the first.
     apply_lock: tokio::sync::Mutex<()>,
@@ -76,21 +79,36 @@ impl Agent {
             Arc::clone(&events),
             settings.workers.clone(),
             settings.state_dir.join("logs"),
+            settings.runtime_dir.clone(),
+        );
+        let mps = MpsManager::new(
+            MpsSettings {
+                binary: settings.mps_control.clone(),
+                runtime_dir: settings.runtime_dir.clone(),
+                env: settings.mps_env.clone(),
+            },
+            Arc::clone(&state),
+            Arc::clone(&events),
+            Arc::clone(&supervisor),
+            Arc::clone(&driver),
         );
         Arc::new(Agent {
             settings,
             driver,
             state,
             supervisor,
+            mps,
             events,
             apply_lock: tokio::sync::Mutex::new(()),
             started: Instant::now(),
         })
     }
 
-    /// Adopts workers that an earlier agent left running.
+    /// Adopts the workers and MPS daemons that an earlier agent left running.
     pub async fn adopt_workers(&self) -> Result<(), StoreError> {
-        self.supervisor.adopt().await
+        self.supervisor.adopt().await?;
+        self.mps.adopt();
+        Ok(())
     }
 
     pub async fn inventory(&self) -> Result<Inventory, AgentError> {
@@ -151,6 +169,10 @@ impl Agent {
         self.supervisor.owners(pids)
     }
 
+    pub fn do_mps(&self) -> Vec<DaemonRecord> {
+        self.mps.records()
+    }
+
     pub fn do_workers(&self) -> Vec<WorkerRecord> {
         self.supervisor.records()
     }
@@ -174,7 +196,8 @@ impl Agent {
         let observed = self.supervisor.observed();
         let pids: Vec<u32> = inventory.gpus.iter().flat_map(|g| g.processes.iter().map(|p| p.pid)).collect();
         let owners = self.supervisor.owners(&pids);
-        let reconciled = reconcile::reconcile(&desired, &inventory, &observed, &owners).map_err(|e| {
+        let daemons = self.mps.observed();
+        let reconciled = reconcile::reconcile(&desired, &inventory, &observed, &daemons, &owners).map_err(|e| {
             AgentError::InvalidPlan(
                 e.unplaced
                     .iter()
@@ -267,6 +290,7 @@ impl Agent {
         let ctx = executor::Context {
             driver: Arc::clone(&self.driver),
             supervisor: Arc::clone(&self.supervisor),
+            mps: Arc::clone(&self.mps),
             read_only_gpus: self.settings.read_only_gpus,
             device_dir: self.settings.device_dir.clone(),
         };

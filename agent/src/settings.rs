@@ -48,6 +48,12 @@ pub struct Flags {
     /// built beside this binary)
     #[arg(long, value_name = "FILE")]
     pub nvml_library: Option<PathBuf>,
+    /// MPS control binary [default: nvidia-cuda-mps-control from PATH; with --simulate, the fake]
+    #[arg(long, value_name = "FILE")]
+    pub mps_control: Option<PathBuf>,
+    /// Runtime directory for MPS pipe and log directories [default: /run/gpu-agent]
+    #[arg(long, value_name = "DIR")]
+    pub runtime_dir: Option<PathBuf>,
 }
 
 /// The settings file. Unknown keys are an error, so a typo never silently does nothing.
@@ -72,6 +78,8 @@ pub struct FileSettings {
     pub default_user: Option<String>,
     /// Group that may use the socket (mode 0660); default: the agent's own group.
     pub socket_group: Option<String>,
+    pub mps_control: Option<PathBuf>,
+    pub runtime_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,6 +110,12 @@ pub struct Settings {
     pub socket_group: Option<String>,
     /// Where the GPUs' device nodes are: `/dev`, or the simulated host's device directory.
     pub device_dir: PathBuf,
+    /// The MPS control binary (`nvidia-cuda-mps-control`).
+    pub mps_control: PathBuf,
+    /// Holds one pipe and one log directory per MPS daemon.
+    pub runtime_dir: PathBuf,
+    /// Extra environment for MPS daemons (the simulated driver's state path under --simulate).
+    pub mps_env: Vec<(String, String)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -144,6 +158,9 @@ impl Settings {
             },
             socket_group: file.socket_group,
             device_dir: PathBuf::from("/dev"),
+            mps_control: flags.mps_control.or(file.mps_control).unwrap_or_else(|| "nvidia-cuda-mps-control".into()),
+            runtime_dir: flags.runtime_dir.or(file.runtime_dir).unwrap_or_else(|| "/run/gpu-agent".into()),
+            mps_env: Vec::new(),
         };
         // Refuse rather than silently ignore what this version cannot serve yet.
         if settings.metrics_listen.is_some() {

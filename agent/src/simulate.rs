@@ -13,6 +13,8 @@ pub enum SimulateError {
     Spec { spec: String, source: gpu_sim::spec::SpecError },
     #[error(transparent)]
     State(#[from] gpu_sim::state::StateError),
+    #[error("--simulate: MPS control link {path}: {source}")]
+    Mps { path: PathBuf, source: std::io::Error },
     #[error(
         "--simulate: cannot find {FAKE_LIBRARY}; looked in {looked}. Build the workspace (cargo build) or pass --nvml-library"
     )]
@@ -40,6 +42,29 @@ pub fn prepare(spec_text: &str, state_dir: &Path) -> Result<PathBuf, SimulateErr
 pub unsafe fn export_state_path(path: &Path) {
     // SAFETY: the caller guarantees the process is still single-threaded.
     unsafe { std::env::set_var(STATE_ENV, path) };
+}
+
+/// The name the real MPS control binary has; the agent answers as the fake one under it.
+pub const MPS_CONTROL_NAME: &str = "nvidia-cuda-mps-control";
+
+/// Under --simulate, MPS daemons are the fake control (this very binary, called by the real
+/// tool's name through a symlink in the simulated host's directory), their pipe and log
+/// directories live under the state directory, and they see the simulated driver's state.
+pub fn prepare_mps(settings: &mut crate::settings::Settings, state: &Path) -> Result<(), SimulateError> {
+    let dir = state.parent().unwrap_or(Path::new(".")).join("bin");
+    let link = dir.join(MPS_CONTROL_NAME);
+    let io = |source| SimulateError::Mps { path: link.clone(), source };
+    std::fs::create_dir_all(&dir).map_err(io)?;
+    let exe = std::env::current_exe().map_err(io)?;
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&exe, &link).map_err(io)?;
+    // A control binary given on purpose (a test pointing at a broken one, say) wins over the fake.
+    if settings.mps_control == Path::new(MPS_CONTROL_NAME) {
+        settings.mps_control = link.clone();
+    }
+    settings.runtime_dir = state.parent().unwrap_or(Path::new(".")).join("run");
+    settings.mps_env = vec![(STATE_ENV.to_string(), state.display().to_string())];
+    Ok(())
 }
 
 /// Finds the fake library: beside the binary, or in cargo's `deps/` directory beside it.

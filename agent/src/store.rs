@@ -27,6 +27,9 @@ pub struct AgentState {
     pub plan: Option<AppliedPlan>,
     pub last_apply: Option<ApplyRecord>,
     pub workers: Vec<WorkerRecord>,
+    /// MPS daemons the agent runs.
+    #[serde(default)]
+    pub mps: Vec<crate::mps::daemons::DaemonRecord>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

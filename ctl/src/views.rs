@@ -222,6 +222,8 @@ pub struct Step {
     pub device: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub isolation: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mps_daemon: Option<String>,
     pub reason: String,
 }
 
@@ -237,6 +239,7 @@ impl From<&pb::Step> for Step {
             pid: s.pid,
             device: non_empty(&s.device),
             isolation: non_empty(&s.isolation),
+            mps_daemon: non_empty(&s.mps_daemon),
             reason: s.reason.clone(),
         }
     }

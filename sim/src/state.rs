@@ -10,6 +10,7 @@ use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// Environment variable through which the fake NVML library finds the state file.
@@ -216,6 +217,9 @@ impl SimHost {
         let io = |source| StateError::Io { path: path.to_path_buf(), source };
         let tmp = path.with_extension("json.tmp");
         let mut file = File::create(&tmp).map_err(io)?;
+        // Any process may be a (simulated) CUDA process and report its GPU memory here, whatever
+        // user a worker runs as: the file is world-writable, as is its directory.
+        file.set_permissions(fs::Permissions::from_mode(0o666)).map_err(io)?;
         let text = serde_json::to_vec_pretty(self).expect("state serializes");
         file.write_all(&text).map_err(io)?;
         file.sync_all().map_err(io)?;
@@ -252,10 +256,16 @@ pub struct StateLock(#[allow(dead_code)] Flock<File>);
 fn lock(path: &Path) -> Result<StateLock, StateError> {
     let lock_path = path.with_extension("lock");
     let io = |source| StateError::Io { path: lock_path.clone(), source };
-    if let Some(dir) = path.parent() {
+    if let Some(dir) = path.parent()
+        && !dir.exists()
+    {
         fs::create_dir_all(dir).map_err(io)?;
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o777)).map_err(io)?;
     }
     let file = OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path).map_err(io)?;
+    if file.metadata().map(|m| m.uid()).ok() == Some(nix::unistd::geteuid().as_raw()) {
+        file.set_permissions(fs::Permissions::from_mode(0o666)).map_err(io)?;
+    }
     let locked = Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, errno)| io(errno.into()))?;
     Ok(StateLock(locked))
 }

@@ -159,7 +159,15 @@ impl Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         self.stop_agent(libc::SIGKILL);
-        // Workers outlive the agent by design; the test owns them, so end them here.
+        // Workers and MPS daemons outlive the agent by design; the test owns them, so end them here.
+        if let Some(daemons) = self.state_json()["mps"].as_array() {
+            for d in daemons {
+                if let Some(pid) = d["pid"].as_i64() {
+                    // SAFETY: kill(2) on the MPS daemon this test's agent started.
+                    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                }
+            }
+        }
         if let Some(workers) = self.state_json()["workers"].as_array() {
             for w in workers {
                 if let Some(pid) = w["pid"].as_i64() {
@@ -181,4 +189,18 @@ pub fn environ(pid: u64) -> Vec<(String, String)> {
     raw.split(|b| *b == 0)
         .filter_map(|kv| std::str::from_utf8(kv).ok()?.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
         .collect()
+}
+
+/// The test worker binary (crate `testworker`), built by `cargo test --workspace` beside this
+/// test's own binary.
+pub fn testworker() -> String {
+    let exe = std::env::current_exe().expect("test exe");
+    let dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
+    let path = dir.join("testworker");
+    assert!(
+        path.is_file(),
+        "{} is missing: run `cargo build --workspace` (or `cargo test --workspace`)",
+        path.display()
+    );
+    path.display().to_string()
 }

@@ -7,4 +7,5 @@ mod bad_plans;
 mod inventory;
 mod lifecycle;
 mod mig;
+mod mps;
 mod workers;

@@ -31,7 +31,7 @@ pub struct DesiredGpu {
 
 /// Sharing modes this version of the agent can apply. The plan format knows them all, so a plan
 /// written for a later version is read and checked fully, then refused with a clear reason.
-const APPLICABLE: &[Sharing] = &[Sharing::Exclusive, Sharing::TimeSlicing, Sharing::Mig];
+const APPLICABLE: &[Sharing] = &[Sharing::Exclusive, Sharing::TimeSlicing, Sharing::Mig, Sharing::Mps];
 
 pub fn check(plan: &Plan, spans: &Spans, inventory: &Inventory, policy: &WorkerPolicy) -> (Desired, Vec<Problem>) {
     let mut problems = Vec::new();
@@ -117,14 +117,6 @@ fn check_gpus(
                 "setting the time-slice length is not available in this agent version: remove timeslice to leave it as it is",
             ));
         }
-        for (i, inst) in entry.mig.iter().enumerate() {
-            if inst.mps {
-                problems.push(spans.problem(
-                    &format!("gpus[{}].mig[{i}].sharing", entry.index),
-                    "MPS inside a MIG instance is valid plan syntax, but this agent version does not run MPS yet",
-                ));
-            }
-        }
         for gpu in &selected {
             if entry.sharing == Sharing::Mig && !entry.mig_broken {
                 if gpu.profiles.is_empty() {
@@ -170,12 +162,13 @@ fn check_gpus(
 }
 
 /// Which GPU sharing modes can host a worker of this isolation tier. A `mig` GPU hosts `mig`
-/// workers (an instance each) and `time-slicing` ones (sharing an instance).
+/// workers (an instance each), `time-slicing` ones (sharing an instance) and `mps` ones (in an
+/// instance with `sharing = "mps"`; placement checks that one exists).
 pub fn hosts(isolation: Isolation, sharing: Sharing) -> bool {
     match isolation {
         Isolation::Exclusive => sharing == Sharing::Exclusive,
         Isolation::TimeSlicing => matches!(sharing, Sharing::TimeSlicing | Sharing::Mig),
-        Isolation::Mps => sharing == Sharing::Mps,
+        Isolation::Mps => matches!(sharing, Sharing::Mps | Sharing::Mig),
         Isolation::Mig => sharing == Sharing::Mig,
         Isolation::Auto => true,
     }

@@ -147,6 +147,8 @@ pub struct MigInstance {
 pub struct MpsDefaults {
     pub active_thread_percentage: Option<u32>,
     pub pinned_memory_limit: Option<u64>,
+    /// Let the `compute` shares of the models on this device sum past 100%.
+    pub allow_compute_oversubscription: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -441,8 +441,22 @@ fn read_mps_defaults(ctx: &mut Ctx, path: &str, node: &Node) -> Option<MpsDefaul
     let active_thread_percentage =
         f.take("active_thread_percentage").and_then(|(p, n)| integer(ctx, &p, n, 1..=100)).map(|v| v as u32);
     let pinned_memory_limit = f.take("pinned_memory_limit").and_then(|(p, n)| size(ctx, &p, n));
-    f.finish(ctx, &["active_thread_percentage", "pinned_memory_limit"]);
-    (ctx.problems.len() == before).then_some(MpsDefaults { active_thread_percentage, pinned_memory_limit })
+    let allow_compute_oversubscription = f
+        .take("allow_compute_oversubscription")
+        .and_then(|(p, n)| match n.kind {
+            Kind::Bool(b) => Some(b),
+            _ => {
+                ctx.error(&p, &n.span, format!("must be true or false, not {}", n.type_name()));
+                None
+            }
+        })
+        .unwrap_or(false);
+    f.finish(ctx, &["active_thread_percentage", "pinned_memory_limit", "allow_compute_oversubscription"]);
+    (ctx.problems.len() == before).then_some(MpsDefaults {
+        active_thread_percentage,
+        pinned_memory_limit,
+        allow_compute_oversubscription,
+    })
 }
 
 const MODEL_KEYS: &[&str] = &[

@@ -22,7 +22,11 @@ fn the_contract_example_reads_completely() {
     );
     assert_eq!(
         plan.gpus[1].mps,
-        Some(MpsDefaults { active_thread_percentage: Some(100), pinned_memory_limit: Some(20 << 30) })
+        Some(MpsDefaults {
+            active_thread_percentage: Some(100),
+            pinned_memory_limit: Some(20 << 30),
+            allow_compute_oversubscription: false
+        })
     );
     assert_eq!(plan.gpus[2].timeslice, Some(Timeslice::Short));
     let m = &plan.models[0];

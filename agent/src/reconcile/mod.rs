@@ -7,10 +7,11 @@ pub mod place;
 
 use crate::inventory::Inventory;
 use crate::mig::{Planned, Want, plan_layout};
+use crate::mps::{DaemonSpec, ObservedDaemon};
 use crate::plan::check::Desired;
 use crate::plan::{Health, Limits, Restart, Sharing};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -38,6 +39,9 @@ pub struct WorkerSpec {
     /// `PROFILE@START` of the MIG instance it runs in; None on a whole GPU.
     #[serde(default)]
     pub instance: Option<String>,
+    /// Name of the MPS daemon whose client it is (`mps`-tier workers only).
+    #[serde(default)]
+    pub mps_daemon: Option<String>,
     /// `GPU-...` or `MIG-...`: what CUDA_VISIBLE_DEVICES is set to.
     pub device: String,
     /// The tier the worker actually runs under (never `auto`).
@@ -88,6 +92,8 @@ pub enum Step {
     DisableMig { gpu: u32, reason: String },
     EnableMig { gpu: u32, reason: String },
     CreateGpuInstance { gpu: u32, profile: String, profile_id: u32, start: u32, size: u32, reason: String },
+    StopMps { gpu: u32, name: String, reason: String },
+    StartMps { daemon: Box<DaemonSpec>, reason: String },
     StartWorker { spec: Box<WorkerSpec>, reason: String },
 }
 
@@ -99,6 +105,8 @@ impl Step {
             Step::DisableMig { .. } => "disable_mig",
             Step::EnableMig { .. } => "enable_mig",
             Step::CreateGpuInstance { .. } => "create_gpu_instance",
+            Step::StopMps { .. } => "stop_mps",
+            Step::StartMps { .. } => "start_mps",
             Step::StartWorker { .. } => "start_worker",
         }
     }
@@ -109,7 +117,9 @@ impl Step {
             | Step::DestroyGpuInstance { gpu, .. }
             | Step::DisableMig { gpu, .. }
             | Step::EnableMig { gpu, .. }
-            | Step::CreateGpuInstance { gpu, .. } => *gpu,
+            | Step::CreateGpuInstance { gpu, .. }
+            | Step::StopMps { gpu, .. } => *gpu,
+            Step::StartMps { daemon, .. } => daemon.gpu,
             Step::StartWorker { spec, .. } => spec.gpu,
         }
     }
@@ -121,13 +131,19 @@ impl Step {
             | Step::DisableMig { reason, .. }
             | Step::EnableMig { reason, .. }
             | Step::CreateGpuInstance { reason, .. }
+            | Step::StopMps { reason, .. }
+            | Step::StartMps { reason, .. }
             | Step::StartWorker { reason, .. } => reason,
         }
     }
 
-    /// Whether this step changes a GPU setting (refused under --read-only-gpus).
+    /// Whether this step changes a GPU setting (refused under --read-only-gpus). MPS daemons
+    /// change none: the agent never sets a compute mode unless a plan asks for it.
     pub fn changes_gpu_settings(&self) -> bool {
-        !matches!(self, Step::StopWorker { .. } | Step::StartWorker { .. })
+        !matches!(
+            self,
+            Step::StopWorker { .. } | Step::StartWorker { .. } | Step::StopMps { .. } | Step::StartMps { .. }
+        )
     }
 }
 
@@ -182,6 +198,7 @@ pub fn reconcile(
     desired: &Desired,
     inventory: &Inventory,
     observed: &[Observed],
+    daemons: &[ObservedDaemon],
     owners: &BTreeMap<u32, WorkerKey>,
 ) -> Result<Reconciled, PlacementError> {
     let layouts = layouts(desired, inventory);
@@ -204,6 +221,32 @@ pub fn reconcile(
     let mut out = Reconciled::default();
     let mut stops = Vec::new();
     let mut starts = Vec::new();
+    // MPS daemons: one per `mps` device; a changed one is restarted (defaults apply only to a new
+    // server), and so are its clients.
+    let wanted_daemons = daemon_specs(desired, inventory, &layouts);
+    let mut daemon_stops = Vec::new();
+    let mut daemon_starts = Vec::new();
+    let mut restarted: BTreeSet<String> = BTreeSet::new();
+    for obs in daemons {
+        match wanted_daemons.iter().find(|d| d.name == obs.spec.name) {
+            None => daemon_stops.push(Step::StopMps {
+                gpu: obs.spec.gpu,
+                name: obs.spec.name.clone(),
+                reason: "no longer in the plan".into(),
+            }),
+            Some(want) if *want != obs.spec || !obs.running => {
+                let why = if obs.running { "restart: its defaults or device changed" } else { "not running" };
+                daemon_stops.push(Step::StopMps { gpu: obs.spec.gpu, name: obs.spec.name.clone(), reason: why.into() });
+                daemon_starts.push(Step::StartMps { daemon: Box::new(want.clone()), reason: why.into() });
+                restarted.insert(want.name.clone());
+            }
+            Some(_) => {}
+        }
+    }
+    for want in wanted_daemons.iter().filter(|w| !daemons.iter().any(|o| o.spec.name == w.name)) {
+        daemon_starts.push(Step::StartMps { daemon: Box::new(want.clone()), reason: "new".into() });
+        restarted.insert(want.name.clone());
+    }
     for (key, obs) in &current {
         if obs.active && !wanted.contains_key(*key) {
             stops.push(Step::StopWorker {
@@ -216,7 +259,19 @@ pub fn reconcile(
         }
     }
     for (key, spec) in &wanted {
+        let daemon_restarts = spec.mps_daemon.as_ref().is_some_and(|d| restarted.contains(d));
         match current.get(key) {
+            Some(obs) if obs.active && obs.spec == *spec && daemon_restarts => {
+                let why = "restart: its MPS daemon restarts";
+                stops.push(Step::StopWorker {
+                    key: key.clone(),
+                    gpu: obs.spec.gpu,
+                    device: obs.spec.device.clone(),
+                    pid: obs.pid,
+                    reason: why.into(),
+                });
+                starts.push(Step::StartWorker { spec: Box::new(spec.clone()), reason: why.into() });
+            }
             Some(obs) if obs.active && obs.spec == *spec => {}
             Some(obs) if obs.active => {
                 let changed = differences(&obs.spec, spec).join(", ");
@@ -245,9 +300,53 @@ pub fn reconcile(
     });
     let gpu_steps = gpu_steps(desired, inventory, &layouts, owners, &mut out.disruptions);
     out.steps = stops;
+    out.steps.extend(daemon_stops);
     out.steps.extend(gpu_steps);
+    out.steps.extend(daemon_starts);
     out.steps.extend(starts);
     Ok(out)
+}
+
+/// The MPS daemons the plan wants: one per GPU with `sharing = "mps"` and one per MIG instance
+/// with `sharing = "mps"`.
+fn daemon_specs(desired: &Desired, inventory: &Inventory, layouts: &Layouts) -> Vec<DaemonSpec> {
+    let mut out = Vec::new();
+    for (index, d) in &desired.gpus {
+        let Some(gpu) = inventory.gpu(*index) else { continue };
+        match d.sharing {
+            Sharing::Mps => out.push(DaemonSpec {
+                name: format!("gpu{index}"),
+                gpu: *index,
+                instance: None,
+                device: gpu.uuid.clone(),
+                active_thread_percentage: d.mps.and_then(|m| m.active_thread_percentage),
+                pinned_limit_mib: d.mps.and_then(|m| m.pinned_memory_limit).map(crate::plan::units::mib),
+            }),
+            Sharing::Mig => {
+                for p in layouts.get(index).map(Vec::as_slice).unwrap_or_default() {
+                    if !d.mig.get(p.want).is_some_and(|m| m.mps) {
+                        continue;
+                    }
+                    let label = format!("{}@{}", p.profile, p.start);
+                    let device = p
+                        .existing
+                        .and_then(|id| gpu.instances.iter().find(|i| i.id == id))
+                        .and_then(|i| i.uuid.clone())
+                        .unwrap_or_default();
+                    out.push(DaemonSpec {
+                        name: format!("gpu{index}-{label}"),
+                        gpu: *index,
+                        instance: Some(label),
+                        device,
+                        active_thread_percentage: None,
+                        pinned_limit_mib: None,
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    out
 }
 
 /// MIG mode and instance changes, in the order they must run.
@@ -333,10 +432,11 @@ fn gpu_steps(
 }
 
 fn differences(a: &WorkerSpec, b: &WorkerSpec) -> Vec<&'static str> {
-    let checks: [(&'static str, bool); 14] = [
+    let checks: [(&'static str, bool); 15] = [
         ("gpu", a.gpu != b.gpu),
         ("device", a.device != b.device && a.gpu == b.gpu),
         ("instance", a.instance != b.instance),
+        ("mps_daemon", a.mps_daemon != b.mps_daemon),
         ("isolation", a.isolation != b.isolation),
         ("command", a.command != b.command),
         ("env", a.env != b.env),
@@ -371,6 +471,7 @@ fn worker_spec(desired: &Desired, inventory: &Inventory, layouts: &Layouts, a: &
         key: a.key.clone(),
         gpu: a.gpu,
         instance: a.instance.clone(),
+        mps_daemon: a.mps_daemon.clone(),
         device,
         isolation: a.isolation.as_str().to_string(),
         command: model.command.clone(),

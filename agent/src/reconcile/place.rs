@@ -17,6 +17,8 @@ pub struct Assignment {
     pub isolation: Isolation,
     /// `PROFILE@START` of its MIG instance; None for a whole GPU.
     pub instance: Option<String>,
+    /// The MPS daemon it is a client of (`mps` tier).
+    pub mps_daemon: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -45,6 +47,14 @@ impl RoomKey {
         self.instance.as_ref().map(|(start, profile)| format!("{profile}@{start}"))
     }
 
+    /// Name of the MPS daemon serving this device: `gpu1`, or `gpu0-1g.18gb@6` for an instance.
+    pub fn daemon_name(&self) -> String {
+        match self.instance_label() {
+            Some(i) => format!("gpu{}-{i}", self.gpu),
+            None => format!("gpu{}", self.gpu),
+        }
+    }
+
     fn label(&self) -> String {
         match self.instance_label() {
             Some(i) => format!("GPU {} {i}", self.gpu),
@@ -65,17 +75,56 @@ struct Room {
     closed: bool,
     /// Replicas placed here, per model, to spread a model's replicas over devices.
     per_model: BTreeMap<String, u32>,
+    /// MPS: the sum of the clients' `compute` shares may not pass this (None: the plan allows
+    /// oversubscription).
+    compute_cap: Option<u32>,
+    compute_used: u32,
+    /// MPS: one server per uid at a time, so one run-as user per device.
+    user: Option<Option<String>>,
 }
 
 impl Room {
     fn new(sharing: Sharing, total_mib: u64) -> Room {
-        Room { sharing, total_mib, free_mib: total_mib, workers: 0, closed: false, per_model: BTreeMap::new() }
+        Room {
+            sharing,
+            total_mib,
+            free_mib: total_mib,
+            workers: 0,
+            closed: false,
+            per_model: BTreeMap::new(),
+            compute_cap: Some(100),
+            compute_used: 0,
+            user: None,
+        }
+    }
+
+    /// Why an MPS device cannot take this model, if it cannot.
+    fn mps_conflict(&self, model: &Model) -> Option<String> {
+        if self.sharing != Sharing::Mps {
+            return None;
+        }
+        if let Some(user) = &self.user
+            && user != &model.user
+        {
+            let show = |u: &Option<String>| u.clone().unwrap_or_else(|| "the default user".into());
+            return Some(format!("serves {} (one MPS server per uid)", show(user)));
+        }
+        let want = model.compute.unwrap_or(0);
+        match self.compute_cap {
+            Some(cap) if self.compute_used + want > cap => {
+                Some(format!("has {}% of its compute left (shares may not sum past 100%)", cap - self.compute_used))
+            }
+            _ => None,
+        }
     }
 
     fn fits(&self, key: &RoomKey, model: &Model) -> bool {
         match tier(key, self, model.isolation) {
             None => false,
             Some(Isolation::Exclusive | Isolation::Mig) => self.workers == 0 && model.memory_mib <= self.total_mib,
+            Some(Isolation::Mps) => {
+                !self.closed && model.memory_mib <= self.free_mib && self.mps_conflict(model).is_none()
+            }
             Some(_) => !self.closed && model.memory_mib <= self.free_mib,
         }
     }
@@ -85,6 +134,10 @@ impl Room {
         self.closed |= matches!(isolation, Isolation::Exclusive | Isolation::Mig);
         self.free_mib = self.free_mib.saturating_sub(model.memory_mib);
         *self.per_model.entry(model.name.clone()).or_default() += 1;
+        if isolation == Isolation::Mps {
+            self.compute_used += model.compute.unwrap_or(0);
+            self.user = Some(model.user.clone());
+        }
     }
 }
 
@@ -125,7 +178,11 @@ fn rooms(desired: &Desired, inventory: &Inventory, layouts: &Layouts) -> BTreeMa
                 rooms.insert(key, Room::new(sharing, planned.memory_mib));
             }
         } else {
-            rooms.insert(RoomKey { gpu: *index, instance: None }, Room::new(d.sharing, gpu.memory_total_mib));
+            let mut room = Room::new(d.sharing, gpu.memory_total_mib);
+            if d.mps.is_some_and(|m| m.allow_compute_oversubscription) {
+                room.compute_cap = None;
+            }
+            rooms.insert(RoomKey { gpu: *index, instance: None }, room);
         }
     }
     rooms
@@ -153,12 +210,7 @@ pub fn place(
                     let room = rooms.get_mut(&room_key).expect("found above");
                     let isolation = tier(&room_key, room, model.isolation).expect("fits");
                     room.take(model, isolation);
-                    out.assignments.push(Assignment {
-                        key,
-                        gpu: room_key.gpu,
-                        isolation,
-                        instance: room_key.instance_label(),
-                    });
+                    out.assignments.push(assignment(key, &room_key, isolation));
                 }
                 None => pending.push((model, key)),
             }
@@ -180,12 +232,7 @@ pub fn place(
                 let room = rooms.get_mut(&room_key).expect("candidate exists");
                 let isolation = tier(&room_key, room, model.isolation).expect("fits");
                 room.take(model, isolation);
-                out.assignments.push(Assignment {
-                    key,
-                    gpu: room_key.gpu,
-                    isolation,
-                    instance: room_key.instance_label(),
-                });
+                out.assignments.push(assignment(key, &room_key, isolation));
             }
             None => {
                 let reason = why_unplaced(model, &candidates, &rooms);
@@ -195,6 +242,16 @@ pub fn place(
     }
     out.assignments.sort_by(|a, b| a.key.cmp(&b.key));
     out
+}
+
+fn assignment(key: WorkerKey, room: &RoomKey, isolation: Isolation) -> Assignment {
+    Assignment {
+        key,
+        gpu: room.gpu,
+        isolation,
+        instance: room.instance_label(),
+        mps_daemon: (isolation == Isolation::Mps).then(|| room.daemon_name()),
+    }
 }
 
 fn allowed(model: &Model, inventory: &Inventory, gpu: u32) -> bool {
@@ -213,7 +270,9 @@ fn why_unplaced(model: &Model, candidates: &[&RoomKey], rooms: &BTreeMap<RoomKey
         .iter()
         .map(|key| {
             let room = &rooms[*key];
-            if room.closed {
+            if let Some(conflict) = room.mps_conflict(model) {
+                format!("{} {conflict}", key.label())
+            } else if room.closed {
                 format!("{} already runs a worker alone", key.label())
             } else if model.isolation == Isolation::Mig || room.sharing == Sharing::Exclusive {
                 if room.workers > 0 {

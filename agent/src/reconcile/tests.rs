@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::inventory::{ComputeMode, Gpu, Inventory};
+use crate::mps::{DaemonSpec, ObservedDaemon};
 use crate::plan::{check, parse};
 use crate::settings::WorkerPolicy;
 
@@ -50,7 +51,7 @@ fn model(name: &str, memory: &str, replicas: u32, extra: &str) -> String {
 }
 
 fn run(desired: &Desired, inv: &Inventory, observed: &[Observed]) -> Result<Vec<Step>, PlacementError> {
-    reconcile(desired, inv, observed, &BTreeMap::new()).map(|r| r.steps)
+    reconcile(desired, inv, observed, &[], &BTreeMap::new()).map(|r| r.steps)
 }
 
 /// The steps as short strings: "start a/0 gpu0", "stop b/1 gpu1", "create 3g.71gb@4 gpu0".
@@ -67,6 +68,8 @@ fn render(steps: &[Step]) -> Vec<String> {
             Step::DestroyGpuInstance { gpu, profile, start, .. } => format!("destroy {profile}@{start} gpu{gpu}"),
             Step::EnableMig { gpu, .. } => format!("enable_mig gpu{gpu}"),
             Step::DisableMig { gpu, .. } => format!("disable_mig gpu{gpu}"),
+            Step::StartMps { daemon, .. } => format!("start_mps {}", daemon.name),
+            Step::StopMps { name, .. } => format!("stop_mps {name}"),
         })
         .collect()
 }
@@ -265,7 +268,7 @@ fn mig_layouts_and_placement() {
     inv.gpus[0].processes =
         vec![crate::inventory::GpuProcess { pid: 42, used_mib: 100, gpu_instance_id: Some(1), mps_client: false }];
     let owners: BTreeMap<u32, WorkerKey> = [(42, WorkerKey { model: "shared".into(), replica: 0 })].into();
-    let r = reconcile(&desired(&swapped, &inv), &inv, &[], &owners).unwrap();
+    let r = reconcile(&desired(&swapped, &inv), &inv, &[], &[], &owners).unwrap();
     assert_eq!(
         r.disruptions,
         [Disruption {
@@ -274,4 +277,99 @@ fn mig_layouts_and_placement() {
             pids: vec![(42, Some(WorkerKey { model: "shared".into(), replica: 0 }))]
         }]
     );
+}
+
+/// MPS: one daemon per `mps` device before its clients; a defaults change restarts the daemon and
+/// exactly its clients; compute shares and run-as users are checked per device.
+#[test]
+fn mps_daemons_and_their_clients() {
+    let inv = inventory(2);
+    let mps = |defaults: &str| {
+        format!(
+            "version = 1\n[[gpus]]\nselect = \"1\"\nsharing = \"mps\"\n{defaults}[[gpus]]\nselect = \"0\"\nsharing = \"time-slicing\"\n"
+        )
+    };
+    let text = format!(
+        "{}{}{}",
+        mps(""),
+        model("a", "10GiB", 2, "isolation = \"mps\"\ncompute = 30"),
+        model("t", "10GiB", 1, "isolation = \"time-slicing\"")
+    );
+    let steps = run(&desired(&text, &inv), &inv, &[]).unwrap();
+    assert_eq!(
+        render(&steps),
+        ["start_mps gpu1", "start a/0 gpu1 mps", "start a/1 gpu1 mps", "start t/0 gpu0 time-slicing"]
+    );
+    let Step::StartWorker { spec, .. } = &steps[1] else { panic!() };
+    assert_eq!(spec.mps_daemon.as_deref(), Some("gpu1"));
+
+    // Running, with the daemon up: nothing to do.
+    let observed = running(&text, &inv);
+    let daemon = |defaults: Option<u32>| ObservedDaemon {
+        spec: DaemonSpec {
+            name: "gpu1".into(),
+            gpu: 1,
+            instance: None,
+            device: "GPU-1".into(),
+            active_thread_percentage: defaults,
+            pinned_limit_mib: None,
+        },
+        running: true,
+    };
+    let steps = reconcile(&desired(&text, &inv), &inv, &observed, &[daemon(None)], &BTreeMap::new()).unwrap().steps;
+    assert!(steps.is_empty(), "{:?}", render(&steps));
+
+    // New daemon defaults: restart the daemon and its two clients, not the time-slicing worker.
+    let changed = format!(
+        "{}{}{}",
+        mps("mps = { active_thread_percentage = 50 }\n"),
+        model("a", "10GiB", 2, "isolation = \"mps\"\ncompute = 30"),
+        model("t", "10GiB", 1, "isolation = \"time-slicing\"")
+    );
+    let steps = reconcile(&desired(&changed, &inv), &inv, &observed, &[daemon(None)], &BTreeMap::new()).unwrap().steps;
+    assert_eq!(
+        render(&steps),
+        [
+            "stop a/0 gpu1",
+            "stop a/1 gpu1",
+            "stop_mps gpu1",
+            "start_mps gpu1",
+            "start a/0 gpu1 mps",
+            "start a/1 gpu1 mps"
+        ]
+    );
+
+    // A client's own limit changed: only that model's workers restart.
+    let limit = text.replace("compute = 30", "compute = 20");
+    let steps = reconcile(&desired(&limit, &inv), &inv, &observed, &[daemon(None)], &BTreeMap::new()).unwrap().steps;
+    assert_eq!(render(&steps), ["stop a/0 gpu1", "stop a/1 gpu1", "start a/0 gpu1 mps", "start a/1 gpu1 mps"]);
+
+    // Removing the tier: clients first, then the daemon.
+    let gone = mps("").replace("sharing = \"mps\"", "sharing = \"time-slicing\"");
+    let steps = reconcile(&desired(&gone, &inv), &inv, &observed, &[daemon(None)], &BTreeMap::new()).unwrap().steps;
+    assert_eq!(render(&steps), ["stop a/0 gpu1", "stop a/1 gpu1", "stop t/0 gpu0", "stop_mps gpu1"]);
+
+    // Compute shares past 100% and a second run-as user do not fit one MPS device.
+    let cases = [
+        (model("a", "1GiB", 4, "isolation = \"mps\"\ncompute = 30"), "has 10% of its compute left"),
+        (
+            format!(
+                "{}{}",
+                model("a", "1GiB", 1, "isolation = \"mps\"\nuser = \"nobody\""),
+                model("b", "1GiB", 1, "isolation = \"mps\"\nuser = \"daemon\"")
+            ),
+            "serves nobody (one MPS server per uid)",
+        ),
+    ];
+    for (models, reason) in cases {
+        let err = run(&desired(&format!("{}{models}", mps("")), &inv), &inv, &[]).unwrap_err();
+        assert!(err.unplaced[0].reason.contains(reason), "{:?}", err.unplaced);
+    }
+    // Unless the plan allows oversubscription explicitly.
+    let over = format!(
+        "{}{}",
+        mps("mps = { allow_compute_oversubscription = true }\n"),
+        model("a", "1GiB", 4, "isolation = \"mps\"\ncompute = 30")
+    );
+    assert!(run(&desired(&over, &inv), &inv, &[]).is_ok());
 }

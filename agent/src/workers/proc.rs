@@ -14,6 +14,14 @@ pub fn start_ticks(pid: u32) -> Option<u64> {
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// True while `pid` exists and is not a zombie.
+pub fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rfind(')').and_then(|i| s.get(i + 2..i + 3)).map(|state| state != "Z"))
+        .unwrap_or(false)
+}
+
 /// Session id of `pid` (/proc/PID/stat field 6).
 pub fn session(pid: u32) -> Option<u32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -92,6 +100,23 @@ pub async fn wait_exit(pid: u32) -> Exit {
     // holding GPU memory with no worker to account them to.
     kill_session(pid);
     reap(pid)
+}
+
+/// Waits until `pid` (any process, not only a child) exits; does not reap it.
+pub async fn wait_gone(pid: u32) {
+    // No pidfd: the process is already gone.
+    let Ok(fd) = pidfd_open(pid) else { return };
+    // SAFETY: `fd` is an OwnedFd moved into the AsyncFd, so it stays open and refers to the same
+    // pidfd for the AsyncFd's whole life.
+    match unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) } {
+        Ok(async_fd) => drop(async_fd.readable().await),
+        // Could not register with the reactor: poll instead.
+        Err(_) => {
+            while alive(pid) {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+        }
+    }
 }
 
 /// SIGKILL to every process in session `sid`.

@@ -38,7 +38,7 @@ pub struct Spawned {
 
 /// Environment every worker gets: a fixed PATH and identity variables, the plan's `env`, then
 /// the agent's own variables, which the plan cannot override (the parser refuses them).
-pub fn worker_env(spec: &WorkerSpec, user: Option<(&str, &Path)>) -> Vec<(String, String)> {
+pub fn worker_env(spec: &WorkerSpec, user: Option<(&str, &Path)>, mps_runtime: &Path) -> Vec<(String, String)> {
     let mut env =
         vec![("PATH".to_string(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string())];
     if let Some((name, home)) = user {
@@ -56,6 +56,18 @@ pub fn worker_env(spec: &WorkerSpec, user: Option<(&str, &Path)>) -> Vec<(String
         ("GPU_AGENT_ISOLATION".to_string(), spec.isolation.clone()),
         ("GPU_AGENT_MEMORY_MIB".to_string(), spec.memory_mib.to_string()),
     ]);
+    if let Some(daemon) = &spec.mps_daemon {
+        // An MPS client finds its daemon through the same pipe directory; its limits come from
+        // its model: `compute` caps its share of SMs, `memory` its pinned device memory (which the
+        // CUDA context itself counts against, about 500 MiB on an H200).
+        let (pipe, log) = crate::mps::control::dirs(mps_runtime, daemon);
+        env.push(("CUDA_MPS_PIPE_DIRECTORY".into(), pipe.display().to_string()));
+        env.push(("CUDA_MPS_LOG_DIRECTORY".into(), log.display().to_string()));
+        env.push(("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(), format!("0={}M", spec.memory_mib)));
+        if let Some(pct) = spec.compute {
+            env.push(("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), pct.to_string()));
+        }
+    }
     env
 }
 
@@ -74,7 +86,12 @@ fn resolve_user(worker: &str, name: &str) -> Result<Identity, SpawnError> {
 
 /// Starts the worker. `user` is the resolved run-as user name (the spec's, or the agent's
 /// default); `None` runs it as the agent's own user. Output is appended to `log_path`.
-pub fn spawn(spec: &WorkerSpec, user: Option<&str>, log_path: &Path) -> Result<Spawned, SpawnError> {
+pub fn spawn(
+    spec: &WorkerSpec,
+    user: Option<&str>,
+    log_path: &Path,
+    mps_runtime: &Path,
+) -> Result<Spawned, SpawnError> {
     let worker = spec.key.to_string();
     let identity = user.map(|u| resolve_user(&worker, u)).transpose()?;
     // Switching users needs root; running as ourselves needs no switch at all.
@@ -97,7 +114,7 @@ pub fn spawn(spec: &WorkerSpec, user: Option<&str>, log_path: &Path) -> Result<S
     let mut cmd = Command::new(&spec.command[0]);
     cmd.args(&spec.command[1..])
         .env_clear()
-        .envs(worker_env(spec, identity.as_ref().map(|id| (id.name.as_str(), id.home.as_path()))))
+        .envs(worker_env(spec, identity.as_ref().map(|id| (id.name.as_str(), id.home.as_path())), mps_runtime))
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(log2);

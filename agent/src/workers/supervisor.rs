@@ -32,6 +32,8 @@ pub struct Supervisor {
     events: Arc<Events>,
     policy: WorkerPolicy,
     log_dir: PathBuf,
+    /// Where MPS daemons keep their pipe directories (for `mps`-tier workers' environment).
+    mps_runtime: PathBuf,
     /// Bumped whenever any worker's process exits, so stoppers can wait for it.
     exits: watch::Sender<u64>,
 }
@@ -41,8 +43,14 @@ fn now_unix() -> i64 {
 }
 
 impl Supervisor {
-    pub fn new(state: Arc<StateFile>, events: Arc<Events>, policy: WorkerPolicy, log_dir: PathBuf) -> Arc<Supervisor> {
-        Arc::new(Supervisor { state, events, policy, log_dir, exits: watch::channel(0).0 })
+    pub fn new(
+        state: Arc<StateFile>,
+        events: Arc<Events>,
+        policy: WorkerPolicy,
+        log_dir: PathBuf,
+        mps_runtime: PathBuf,
+    ) -> Arc<Supervisor> {
+        Arc::new(Supervisor { state, events, policy, log_dir, mps_runtime, exits: watch::channel(0).0 })
     }
 
     /// Re-adopts workers recorded by an earlier agent: a live process with the recorded start
@@ -134,7 +142,7 @@ impl Supervisor {
         // Starting a worker whose record is still here (it exited, or failed to start) is a
         // restart of it; a worker stopped on purpose has no record left.
         let restarts = self.records().iter().find(|r| r.spec.key == key).map(|r| r.restarts + 1).unwrap_or(0);
-        match spawn::spawn(&spec, user.as_deref(), &self.log_path(&key)) {
+        match spawn::spawn(&spec, user.as_deref(), &self.log_path(&key), &self.mps_runtime) {
             Ok(spawned) => {
                 let pid = spawned.pid;
                 let record = WorkerRecord {

@@ -43,6 +43,10 @@ pub fn describe(s: &pb::Step) -> String {
         "create_gpu_instance" | "destroy_gpu_instance" => {
             format!("{} {}@{} on GPU {}", s.action, s.profile, s.start.unwrap_or(0), s.gpu)
         }
+        "start_mps" | "stop_mps" => {
+            let device = if s.device.is_empty() { String::new() } else { format!(" ({})", s.device) };
+            format!("{} {} on GPU {}{device}", s.action, s.mps_daemon, s.gpu)
+        }
         other => format!("{other} on GPU {}", s.gpu),
     };
     if !s.reason.is_empty() {

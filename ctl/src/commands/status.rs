@@ -26,7 +26,11 @@ pub async fn run(global: &Global, as_json: bool, out: &mut dyn Write) -> Result<
                 "memory_mib": g.memory_total_mib, "memory_used_mib": g.memory_used_mib,
             })).collect::<Vec<_>>(),
             "workers": {"total": workers.total, "running": workers.running, "starting": workers.starting, "stopped": workers.stopped, "failed": workers.failed},
-            "mps_daemons": [],
+            "mps_daemons": s.mps_daemons.iter().map(|d| json!({
+                "name": d.name, "gpu": d.gpu, "device": d.device, "pid": (d.pid != 0).then_some(d.pid),
+                "state": d.state, "restarts": d.restarts, "last_error": (!d.last_error.is_empty()).then_some(&d.last_error),
+                "active_thread_percentage": d.active_thread_percentage, "pinned_limit_mib": d.pinned_limit_mib,
+            })).collect::<Vec<_>>(),
             "last_apply": s.last_apply.as_ref().map(|a| json!({"at_unix": a.at_unix, "ok": a.ok, "source": a.source, "steps": a.steps, "message": a.message})),
         });
         print_json(out, &doc).map_err(io_error)?;
@@ -72,6 +76,30 @@ pub async fn run(global: &Global, as_json: bool, out: &mut dyn Write) -> Result<
         .collect();
     writeln!(out, "{text}\n{}", table(&["GPU", "NAME", "SHARING", "MIG", "INSTANCES", "WORKERS", "MEMORY USED"], rows))
         .map_err(io_error)?;
+    if !s.mps_daemons.is_empty() {
+        let rows = s
+            .mps_daemons
+            .iter()
+            .map(|d| {
+                vec![
+                    d.name.clone(),
+                    d.device.clone(),
+                    if d.pid == 0 { "-".into() } else { d.pid.to_string() },
+                    d.state.clone(),
+                    d.restarts.to_string(),
+                    d.active_thread_percentage.map(|p| format!("{p}%")).unwrap_or_else(|| "-".into()),
+                    d.pinned_limit_mib.map(mib).unwrap_or_else(|| "-".into()),
+                    d.last_error.clone(),
+                ]
+            })
+            .collect();
+        writeln!(
+            out,
+            "\nMPS daemons:\n{}",
+            table(&["DAEMON", "DEVICE", "PID", "STATE", "RESTARTS", "THREADS", "PINNED", "LAST ERROR"], rows)
+        )
+        .map_err(io_error)?;
+    }
     Ok(Exit::Ok)
 }
 
