@@ -54,6 +54,10 @@ impl Control {
             .env("CUDA_MPS_LOG_DIRECTORY", &self.log_dir)
             .env("CUDA_VISIBLE_DEVICES", &self.device)
             .envs(self.env.iter().map(|(k, v)| (k, v)));
+        // The daemon and the servers it starts load the driver's libraries as the agent does.
+        if let Some(path) = std::env::var_os("LD_LIBRARY_PATH") {
+            cmd.env("LD_LIBRARY_PATH", path);
+        }
         cmd
     }
 
