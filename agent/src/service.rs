@@ -196,6 +196,12 @@ impl Agent {
         let observed = self.supervisor.observed();
         let pids: Vec<u32> = inventory.gpus.iter().flat_map(|g| g.processes.iter().map(|p| p.pid)).collect();
         let owners = self.supervisor.owners(&pids);
+        // MPS servers are the agent's own and go with their daemon's stop step.
+        let servers = self.mps.daemon_processes(&pids);
+        let mut inventory = inventory;
+        for gpu in &mut inventory.gpus {
+            gpu.processes.retain(|p| !servers.contains(&p.pid));
+        }
         let daemons = self.mps.observed();
         let reconciled = reconcile::reconcile(&desired, &inventory, &observed, &daemons, &owners).map_err(|e| {
             AgentError::InvalidPlan(

@@ -255,3 +255,70 @@ fn daemons_survive_an_agent_restart() {
     let none = agent.write_plan("none.toml", "version = 1\n");
     assert_eq!(agent.gpuctl(&["apply", "-f", &none]).code, 0);
 }
+
+/// MPS inside a MIG instance: one daemon per `mps` instance, confined to the instance's MIG UUID,
+/// whose clients see that UUID.
+#[test]
+fn mps_in_a_mig_instance() {
+    let agent = start();
+    let tw = testworker();
+    let text = format!(
+        "version = 1\n[[gpus]]\nselect = \"0\"\nsharing = \"mig\"\nmig = [\"3g.71gb\", {{ profile = \"3g.71gb\", sharing = \"mps\" }}]\n\
+         [[models]]\nname = \"c\"\ncommand = [\"{tw}\"]\nisolation = \"mps\"\nmemory = \"8GiB\"\ncompute = 50\nreplicas = 2\nuser = \"root\"\n"
+    );
+    let file = agent.write_plan("mig-mps.toml", &text);
+    let out = agent.gpuctl(&["-o", "json", "apply", "-f", &file]);
+    assert_eq!(out.code, 0, "{out:?}");
+    let actions: Vec<String> =
+        out.json()["steps"].as_array().unwrap().iter().map(|s| s["action"].as_str().unwrap().to_string()).collect();
+    assert_eq!(
+        actions,
+        ["enable_mig", "create_gpu_instance", "create_gpu_instance", "start_mps", "start_worker", "start_worker"]
+    );
+    let gpus = agent.gpuctl(&["-o", "json", "gpus"]).json();
+    let instances = gpus["gpus"][0]["instances"].as_array().unwrap();
+    let s = status(&agent);
+    let d = &s["mps_daemons"][0];
+    assert_eq!(d["state"], "running");
+    let name = d["name"].as_str().unwrap();
+    let label = name.strip_prefix("gpu0-").unwrap();
+    let inst =
+        instances.iter().find(|i| format!("{}@{}", i["profile"].as_str().unwrap(), i["start"]) == label).unwrap();
+    assert_eq!(d["device"], inst["uuid"], "the daemon is confined to its instance");
+    agent.wait_for("clients running", 10, || mps_workers(&agent).iter().all(|(_, s)| s == "running"));
+    for (pid, _) in mps_workers(&agent) {
+        let env: std::collections::BTreeMap<_, _> = environ(pid).into_iter().collect();
+        assert_eq!(env["CUDA_VISIBLE_DEVICES"], inst["uuid"].as_str().unwrap());
+        assert!(env["CUDA_MPS_PIPE_DIRECTORY"].contains(name));
+    }
+    let diff = agent.gpuctl(&["diff", "-f", &file]);
+    assert_eq!(diff.code, 0, "{diff:?}");
+    let none = agent.write_plan("none.toml", "version = 1\n[[gpus]]\nselect = \"0\"\nsharing = \"time-slicing\"\n");
+    assert_eq!(agent.gpuctl(&["apply", "-f", &none]).code, 0);
+    assert_eq!(status(&agent)["mps_daemons"], serde_json::json!([]));
+}
+
+/// An `mps` worker whose GPU process is not an MPS client (it would run without limits) is
+/// reported.
+#[test]
+fn a_worker_that_is_not_an_mps_client_is_reported() {
+    let agent = start();
+    let file = agent.write_plan("mps.toml", &plan(&agent, "", ""));
+    assert_eq!(agent.gpuctl(&["apply", "-f", &file]).code, 0);
+    agent.wait_for("clients running", 10, || mps_workers(&agent).iter().all(|(_, s)| s == "running"));
+    // The driver sees one client's process as a plain CUDA process, as when a client started while
+    // its daemon was away.
+    let pid = mps_workers(&agent)[0].0 as u32;
+    let path = agent.state_dir.join("sim/nvml.json");
+    gpu_sim::SimHost::update(&path, |h| {
+        for p in h.gpus[1].processes.iter_mut().filter(|p| p.pid == pid) {
+            p.mps_client = false;
+        }
+        Ok::<_, ()>(())
+    })
+    .unwrap()
+    .unwrap();
+    agent.wait_for("the mps_not_client event", 10, || {
+        agent.gpuctl(&["events"]).stdout.contains("is not an MPS client of gpu1")
+    });
+}

@@ -124,6 +124,17 @@ impl MpsManager {
         })
     }
 
+    /// Which of these GPU processes belong to the agent's MPS daemons (their servers run in the
+    /// daemon's session). The steps that stop a daemon also end its servers, so these never stand
+    /// in the way of a GPU change.
+    pub fn daemon_processes(&self, pids: &[u32]) -> BTreeSet<u32> {
+        let daemons: BTreeSet<u32> = self.records().iter().filter_map(|r| r.pid).collect();
+        pids.iter()
+            .copied()
+            .filter(|p| daemons.contains(p) || proc::session(*p).is_some_and(|s| daemons.contains(&s)))
+            .collect()
+    }
+
     /// Whether daemon `name` answers now (a client must not start otherwise).
     pub async fn answers(&self, name: &str) -> bool {
         let Some(record) = self.record(name) else { return false };
