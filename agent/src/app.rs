@@ -44,6 +44,7 @@ pub async fn run(
     let state = Arc::new(StateFile::open(&settings.state_dir)?);
     let events = Arc::new(Events::default());
     let agent = Agent::new(settings.clone(), driver, state, Arc::clone(&events));
+    agent.start_restarter();
     agent.adopt_workers().await?;
     let listener = server::bind(&settings.socket, settings.socket_group.as_deref())?;
     let inventory = agent.inventory().await?;

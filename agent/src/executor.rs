@@ -194,7 +194,7 @@ async fn create_instance(ctx: &Context, gpu: u32, profile_id: u32, start: u32, s
 
 /// Starts a worker; one in a MIG instance gets that instance's current MIG device UUID, since an
 /// instance this apply created (or re-created) has a new one.
-async fn start_worker(spec: &WorkerSpec, ctx: &Context) -> Result<u32, String> {
+pub async fn start_worker(spec: &WorkerSpec, ctx: &Context) -> Result<u32, String> {
     let mut spec = spec.clone();
     // A client of a dead MPS daemon silently runs without MPS and without limits: never start one
     // before its daemon answers.

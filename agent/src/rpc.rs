@@ -182,6 +182,7 @@ fn worker_pb(r: &WorkerRecord, used: &std::collections::HashMap<crate::reconcile
         memory_budget_mib: r.spec.memory_mib,
         gpu_memory_used_mib: used.get(&r.spec.key).copied().unwrap_or(0),
         last_exit: r.last_exit.clone().unwrap_or_default(),
+        log_tail: r.log_tail.clone().unwrap_or_default(),
         started_at_unix: r.started_at_unix,
     }
 }

@@ -104,6 +104,45 @@ impl Agent {
         })
     }
 
+    fn context(&self) -> executor::Context {
+        executor::Context {
+            driver: Arc::clone(&self.driver),
+            supervisor: Arc::clone(&self.supervisor),
+            mps: Arc::clone(&self.mps),
+            read_only_gpus: self.settings.read_only_gpus,
+            device_dir: self.settings.device_dir.clone(),
+        }
+    }
+
+    /// Starts the task that carries out restarts due under workers' restart policies: after the
+    /// backoff, under the apply lock (so an apply and a restart never act on one worker at once),
+    /// and only if the worker is still waiting for it; through the same start path as an apply (an
+    /// MPS client only once its daemon answers, a MIG worker with its instance's current UUID).
+    pub fn start_restarter(self: &Arc<Self>) {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(reconcile::WorkerKey, std::time::Duration)>();
+        self.supervisor.set_restarter(tx);
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            while let Some((key, delay)) = rx.recv().await {
+                let me = Arc::clone(&me);
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    let _apply = me.apply_lock.lock().await;
+                    let waiting = me
+                        .supervisor
+                        .records()
+                        .into_iter()
+                        .find(|r| r.spec.key == key && r.state == crate::store::WorkerState::Backoff);
+                    if let Some(record) = waiting
+                        && let Err(e) = executor::start_worker(&record.spec, &me.context()).await
+                    {
+                        me.supervisor.restart_failed(&key, &e);
+                    }
+                });
+            }
+        });
+    }
+
     /// Adopts the workers and MPS daemons that an earlier agent left running.
     pub async fn adopt_workers(&self) -> Result<(), StoreError> {
         self.supervisor.adopt().await?;
@@ -293,13 +332,7 @@ impl Agent {
             None,
             format!("applying {} ({} steps)", source, prepared.steps.len()),
         );
-        let ctx = executor::Context {
-            driver: Arc::clone(&self.driver),
-            supervisor: Arc::clone(&self.supervisor),
-            mps: Arc::clone(&self.mps),
-            read_only_gpus: self.settings.read_only_gpus,
-            device_dir: self.settings.device_dir.clone(),
-        };
+        let ctx = self.context();
         let outcome = executor::execute(&prepared.steps, &ctx, |p| progress(ApplyProgress::Step(p))).await;
         let rolled_back = outcome.rolled_back.is_some();
         if !rolled_back {

@@ -78,6 +78,8 @@ pub struct FileSettings {
     pub default_user: Option<String>,
     /// Group that may use the socket (mode 0660); default: the agent's own group.
     pub socket_group: Option<String>,
+    /// Delay of a crashing worker's second restart, doubling up to a minute (default "1s").
+    pub restart_backoff: Option<String>,
     pub mps_control: Option<PathBuf>,
     pub runtime_dir: Option<PathBuf>,
 }
@@ -93,6 +95,8 @@ pub enum LogFormat {
 pub struct WorkerPolicy {
     pub allow_root: bool,
     pub default_user: Option<String>,
+    /// Delay of a crashing worker's second restart, doubling from there (the first is immediate).
+    pub restart_backoff: std::time::Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -124,6 +128,8 @@ pub enum SettingsError {
     Read { path: PathBuf, source: std::io::Error },
     #[error("settings file {path}: {message}")]
     Parse { path: PathBuf, message: String },
+    #[error("settings: {key}: {message}")]
+    Value { key: &'static str, message: String },
     #[error("log format {0:?} is not one of: text, json")]
     LogFormat(String),
     #[error("{what} is not available in this version of gpu-agent; remove it from the flags or settings file")]
@@ -142,6 +148,11 @@ impl Settings {
             Some(other) => return Err(SettingsError::LogFormat(other.to_string())),
         };
         let running_as_root = nix::unistd::geteuid().is_root();
+        let restart_backoff = match &file.restart_backoff {
+            None => crate::workers::restart::BASE,
+            Some(text) => humantime::parse_duration(text)
+                .map_err(|e| SettingsError::Value { key: "restart_backoff", message: format!("{text:?}: {e}") })?,
+        };
         let settings = Settings {
             socket: flags.socket.or(file.socket).unwrap_or_else(|| DEFAULT_SOCKET.into()),
             state_dir: flags.state_dir.or(file.state_dir).unwrap_or_else(|| DEFAULT_STATE_DIR.into()),
@@ -155,6 +166,7 @@ impl Settings {
             workers: WorkerPolicy {
                 allow_root: file.allow_root_workers.unwrap_or(false),
                 default_user: file.default_user.or_else(|| running_as_root.then(|| "nobody".to_string())),
+                restart_backoff,
             },
             socket_group: file.socket_group,
             device_dir: PathBuf::from("/dev"),

@@ -87,6 +87,12 @@ pub struct WorkerRecord {
     pub restarts: u32,
     pub last_exit: Option<String>,
     pub started_at_unix: i64,
+    /// Quick exits in a row (see `workers::restart`).
+    #[serde(default)]
+    pub streak: u32,
+    /// The last lines the worker printed before it last exited.
+    #[serde(default)]
+    pub log_tail: Option<String>,
 }
 
 /// The state file and its in-memory copy. Every change goes through [`StateFile::update`].

@@ -179,6 +179,7 @@ pub struct Worker {
     pub memory_budget_mib: u64,
     pub gpu_memory_used_mib: u64,
     pub last_exit: Option<String>,
+    pub log_tail: Option<String>,
 }
 
 impl From<&pb::Worker> for Worker {
@@ -195,6 +196,7 @@ impl From<&pb::Worker> for Worker {
             memory_budget_mib: w.memory_budget_mib,
             gpu_memory_used_mib: w.gpu_memory_used_mib,
             last_exit: non_empty(&w.last_exit),
+            log_tail: non_empty(&w.log_tail),
         }
     }
 }

@@ -204,3 +204,12 @@ pub fn testworker() -> String {
     );
     path.display().to_string()
 }
+
+/// Writes agent settings to a file of their own (tests run in parallel; a shared file could be
+/// read half-written) and returns its path.
+pub fn settings_file(contents: &str) -> String {
+    let mut file = tempfile::Builder::new().prefix("gpu-agent-e2e-").suffix(".toml").tempfile().expect("temp file");
+    std::io::Write::write_all(&mut file, contents.as_bytes()).expect("write settings");
+    let (_, path) = file.keep().expect("keep settings file");
+    path.display().to_string()
+}

@@ -8,4 +8,5 @@ mod inventory;
 mod lifecycle;
 mod mig;
 mod mps;
+mod supervision;
 mod workers;

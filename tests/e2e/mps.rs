@@ -21,9 +21,7 @@ fn start() -> Agent {
 }
 
 fn root_config() -> String {
-    let path = std::env::temp_dir().join("gpu-agent-e2e-allow-root.toml");
-    std::fs::write(&path, "allow_root_workers = true\n").unwrap();
-    path.display().to_string()
+    crate::harness::settings_file("allow_root_workers = true\n")
 }
 
 fn status(agent: &Agent) -> serde_json::Value {
@@ -45,7 +43,8 @@ fn control(agent: &Agent, command: &str) -> String {
         .spawn()
         .and_then(|mut c| {
             use std::io::Write;
-            writeln!(c.stdin.take().unwrap(), "{command}")?;
+            // The tool exits without reading when no daemon answers: a broken pipe is no failure.
+            let _ = writeln!(c.stdin.take().unwrap(), "{command}");
             c.wait_with_output()
         })
         .unwrap();
@@ -193,7 +192,7 @@ fn a_faulted_server_ends_its_clients_and_they_come_back() {
         w.len() == 2 && w.iter().all(|(p, st)| st == "running" && !before.contains(p))
     });
     let events = agent.gpuctl(&["events"]).stdout;
-    assert!(events.contains("FAULT") || events.contains("mps_client_restart"), "{events}");
+    assert!(events.contains("FAULT") || events.contains("worker_backoff"), "{events}");
 }
 
 #[test]

@@ -174,7 +174,7 @@ fn sigterm_ignoring_worker_is_killed_after_stop_timeout() {
 #[test]
 fn crashed_worker_is_reported_and_restarted_by_the_next_apply() {
     let agent = Agent::start("h200:1");
-    let text = "version = 1\n[[gpus]]\nselect = \"0\"\nsharing = \"time-slicing\"\n[[models]]\nname = \"crashy\"\ncommand = [\"/usr/bin/sleep\", \"600\"]\nmemory = \"1GiB\"\n";
+    let text = "version = 1\n[[gpus]]\nselect = \"0\"\nsharing = \"time-slicing\"\n[[models]]\nname = \"crashy\"\ncommand = [\"/usr/bin/sleep\", \"600\"]\nmemory = \"1GiB\"\nrestart = \"never\"\n";
     let plan = agent.write_plan("c.toml", text);
     assert_eq!(agent.gpuctl(&["apply", "-f", &plan]).code, 0);
     let pid = agent.worker_pids()[0].2.unwrap();
@@ -223,11 +223,14 @@ fn workers_survive_an_agent_restart_and_are_adopted() {
     let events = agent.gpuctl(&["events"]).stdout;
     assert!(events.contains("adopted worker keep/0"), "{events}");
     assert!(events.contains("exited while the agent was down"), "{events}");
-    // An adopted worker that exits is still noticed.
+    // An adopted worker that crashes is restarted under its restart policy.
     let adopted = after[0].2.unwrap();
     // SAFETY: kill(2) on a worker this test started.
-    unsafe { libc::kill(adopted as i32, libc::SIGTERM) };
-    agent.wait_for("the adopted worker's exit", 10, || agent.worker_pids()[0].3 != "running");
+    unsafe { libc::kill(adopted as i32, libc::SIGKILL) };
+    agent.wait_for("the adopted worker restarted", 10, || {
+        let w = agent.worker_pids();
+        w[0].3 == "running" && w[0].2.is_some_and(|p| p != adopted)
+    });
 }
 
 fn session_members(sid: u64) -> Vec<u64> {
@@ -247,7 +250,7 @@ fn session_members(sid: u64) -> Vec<u64> {
 #[test]
 fn an_exited_worker_leaves_no_orphans() {
     let agent = Agent::start("h200:1");
-    let text = "version = 1\n[[gpus]]\nselect = \"0\"\nsharing = \"time-slicing\"\n[[models]]\nname = \"forker\"\ncommand = [\"/bin/sh\", \"-c\", \"/usr/bin/sleep 601 & sleep 0.3; exit 3\"]\nmemory = \"1GiB\"\n";
+    let text = "version = 1\n[[gpus]]\nselect = \"0\"\nsharing = \"time-slicing\"\n[[models]]\nname = \"forker\"\ncommand = [\"/bin/sh\", \"-c\", \"/usr/bin/sleep 601 & sleep 0.3; exit 3\"]\nmemory = \"1GiB\"\nrestart = \"never\"\n";
     let plan = agent.write_plan("f.toml", text);
     assert_eq!(agent.gpuctl(&["apply", "-f", &plan]).code, 0);
     let pid = agent.worker_pids()[0].2.unwrap();

@@ -66,14 +66,10 @@ pub struct MpsManager {
     watchers: Mutex<BTreeMap<String, watch::Sender<bool>>>,
     /// Workers already reported as not being MPS clients (reported once).
     reported: Mutex<BTreeSet<WorkerKey>>,
-    /// When each failed client was last started again.
-    retried: Mutex<BTreeMap<WorkerKey, Instant>>,
 }
 
 const FAULT_POLL: Duration = Duration::from_secs(2);
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
-/// The least time between two restarts of one failed client.
-const CLIENT_RETRY: Duration = Duration::from_secs(5);
 /// A daemon up this long counts as stable: the next failure starts the backoff afresh.
 const STABLE: Duration = Duration::from_secs(60);
 
@@ -93,7 +89,6 @@ impl MpsManager {
             driver,
             watchers: Mutex::new(BTreeMap::new()),
             reported: Mutex::new(BTreeSet::new()),
-            retried: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -328,7 +323,6 @@ impl MpsManager {
                         return format!("its server (pid {server}) is in FAULT");
                     }
                     self.check_clients(&record.spec).await;
-                    self.restart_failed_clients(&record.spec).await;
                 }
             }
         }
@@ -361,40 +355,6 @@ impl MpsManager {
                     ),
                 );
             }
-        }
-    }
-
-    /// Clients that died while their daemon lives (after a fatal fault every client of the server
-    /// must exit, and the server recovers on its own) are started again, unless their model says
-    /// `restart = "never"`; at most once per [`CLIENT_RETRY`] each.
-    async fn restart_failed_clients(&self, spec: &DaemonSpec) {
-        let failed: Vec<_> = self
-            .supervisor
-            .records()
-            .into_iter()
-            .filter(|r| r.spec.mps_daemon.as_deref() == Some(&spec.name))
-            .filter(|r| r.state == crate::store::WorkerState::Failed && r.spec.restart != "never")
-            .collect();
-        for r in failed {
-            let due = {
-                let mut retried = self.retried.lock().expect("retried lock");
-                let due = retried.get(&r.spec.key).is_none_or(|t| t.elapsed() >= CLIENT_RETRY);
-                if due {
-                    retried.insert(r.spec.key.clone(), Instant::now());
-                }
-                due
-            };
-            if !due {
-                continue;
-            }
-            self.events.emit(
-                Level::Warning,
-                "mps_client_restart",
-                Some(&r.spec.key.model),
-                Some(spec.gpu),
-                format!("MPS client {} {}; starting it again", r.spec.key, r.last_exit.as_deref().unwrap_or("exited")),
-            );
-            let _ = self.supervisor.start(r.spec);
         }
     }
 

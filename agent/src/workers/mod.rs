@@ -2,6 +2,7 @@
 //! keeps each worker's record true ([`supervisor`]).
 
 pub mod proc;
+pub mod restart;
 pub mod spawn;
 pub mod supervisor;
 

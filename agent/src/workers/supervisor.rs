@@ -3,6 +3,7 @@
 //! agent adopts them from the state file (pid plus start time).
 
 use super::proc::{self, Exit};
+use super::restart;
 use super::spawn::{self, SpawnError};
 use crate::events::{Events, Level};
 use crate::reconcile::{Observed, WorkerKey, WorkerSpec};
@@ -36,6 +37,22 @@ pub struct Supervisor {
     mps_runtime: PathBuf,
     /// Bumped whenever any worker's process exits, so stoppers can wait for it.
     exits: watch::Sender<u64>,
+    /// Where restarts due under a worker's restart policy go (the agent starts them, through the
+    /// same path as an apply, after the delay).
+    restarts: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedSender<(WorkerKey, Duration)>>>,
+}
+
+/// The last few lines of a log file (what a crashed worker said last).
+pub fn log_tail(path: &std::path::Path, lines: usize) -> Option<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = std::fs::File::open(path).ok()?;
+    let len = file.metadata().ok()?.len();
+    file.seek(SeekFrom::Start(len.saturating_sub(4096))).ok()?;
+    let mut buf = Vec::new();
+    file.read_to_end(&mut buf).ok()?;
+    let text = String::from_utf8_lossy(&buf);
+    let tail: Vec<&str> = text.lines().rev().filter(|l| !l.trim().is_empty()).take(lines).collect();
+    (!tail.is_empty()).then(|| tail.into_iter().rev().collect::<Vec<_>>().join("\n"))
 }
 
 fn now_unix() -> i64 {
@@ -50,7 +67,20 @@ impl Supervisor {
         log_dir: PathBuf,
         mps_runtime: PathBuf,
     ) -> Arc<Supervisor> {
-        Arc::new(Supervisor { state, events, policy, log_dir, mps_runtime, exits: watch::channel(0).0 })
+        Arc::new(Supervisor {
+            state,
+            events,
+            policy,
+            log_dir,
+            mps_runtime,
+            exits: watch::channel(0).0,
+            restarts: std::sync::Mutex::new(None),
+        })
+    }
+
+    /// Where restarts due under restart policies are sent.
+    pub fn set_restarter(&self, tx: tokio::sync::mpsc::UnboundedSender<(WorkerKey, Duration)>) {
+        *self.restarts.lock().expect("restarts lock") = Some(tx);
     }
 
     /// Re-adopts workers recorded by an earlier agent: a live process with the recorded start
@@ -141,7 +171,9 @@ impl Supervisor {
         let user = spec.user.clone().or_else(|| self.policy.default_user.clone());
         // Starting a worker whose record is still here (it exited, or failed to start) is a
         // restart of it; a worker stopped on purpose has no record left.
-        let restarts = self.records().iter().find(|r| r.spec.key == key).map(|r| r.restarts + 1).unwrap_or(0);
+        let previous = self.records().into_iter().find(|r| r.spec.key == key);
+        let restarts = previous.as_ref().map(|r| r.restarts + 1).unwrap_or(0);
+        let streak = previous.as_ref().map(|r| r.streak).unwrap_or(0);
         match spawn::spawn(&spec, user.as_deref(), &self.log_path(&key), &self.mps_runtime) {
             Ok(spawned) => {
                 let pid = spawned.pid;
@@ -153,6 +185,8 @@ impl Supervisor {
                     restarts,
                     last_exit: None,
                     started_at_unix: now_unix(),
+                    streak,
+                    log_tail: None,
                 };
                 // Watch it even if the state file cannot be written: the in-memory record holds
                 // it, and an unwatched process would never be reaped or reported.
@@ -177,6 +211,8 @@ impl Supervisor {
                     restarts,
                     last_exit: Some(err.to_string()),
                     started_at_unix: now_unix(),
+                    streak,
+                    log_tail: None,
                 };
                 self.put(record)?;
                 self.events.emit(
@@ -275,23 +311,115 @@ impl Supervisor {
     }
 
     fn exited(&self, key: &WorkerKey, pid: u32, exit: Exit) {
-        let mut gpu = None;
+        let tail = log_tail(&self.log_path(key), 5);
+        let mut outcome = None;
         let updated = self.set(key, |r| {
             if r.pid != Some(pid) {
                 return false;
             }
-            gpu = Some(r.spec.gpu);
             let stopping = r.state == WorkerState::Stopping;
-            r.state = if stopping || exit.success() { WorkerState::Stopped } else { WorkerState::Failed };
             r.pid = None;
             r.last_exit = Some(exit.to_string());
-            !stopping
+            r.log_tail = tail.clone();
+            if stopping {
+                r.state = WorkerState::Stopped;
+                return false;
+            }
+            let ran_for = Duration::from_secs(now_unix().saturating_sub(r.started_at_unix).max(0) as u64);
+            let decision = restart::decide(
+                &r.spec.restart,
+                exit.success(),
+                ran_for,
+                r.streak,
+                self.policy.restart_backoff,
+                fastrand::f64(),
+            );
+            r.state = match decision {
+                restart::Decision::Restart { streak, .. } => {
+                    r.streak = streak;
+                    WorkerState::Backoff
+                }
+                restart::Decision::GiveUp { streak } => {
+                    r.streak = streak;
+                    WorkerState::Failed
+                }
+                restart::Decision::Stay if exit.success() => WorkerState::Stopped,
+                restart::Decision::Stay => WorkerState::Failed,
+            };
+            outcome = Some((r.spec.gpu, decision));
+            true
         });
-        if let Ok(true) = updated {
-            let level = if exit.success() { Level::Info } else { Level::Error };
-            self.events.emit(level, "worker_exited", Some(&key.model), gpu, format!("worker {key} (pid {pid}) {exit}"));
+        if let (Ok(true), Some((gpu, decision))) = (updated, outcome) {
+            let said =
+                tail.as_deref().map(|t| format!("; it last printed: {}", t.replace('\n', " | "))).unwrap_or_default();
+            let (level, kind, what) = match decision {
+                restart::Decision::Restart { delay, streak } => (
+                    Level::Warning,
+                    "worker_backoff",
+                    format!("restarting in {} ms (exit {streak} in a row)", delay.as_millis()),
+                ),
+                restart::Decision::GiveUp { streak } => (
+                    Level::Error,
+                    "worker_failed",
+                    format!("crash loop: {streak} quick exits in a row, not restarting it until the next apply"),
+                ),
+                restart::Decision::Stay if exit.success() => {
+                    (Level::Info, "worker_exited", "restart policy: stays exited".into())
+                }
+                restart::Decision::Stay => (Level::Error, "worker_exited", "restart policy: stays exited".into()),
+            };
+            self.events.emit(
+                level,
+                kind,
+                Some(&key.model),
+                Some(gpu),
+                format!("worker {key} (pid {pid}) {exit}; {what}{said}"),
+            );
+            if let restart::Decision::Restart { delay, .. } = decision
+                && let Some(tx) = self.restarts.lock().expect("restarts lock").as_ref()
+            {
+                let _ = tx.send((key.clone(), delay));
+            }
         }
         self.exits.send_modify(|n| *n += 1);
+    }
+
+    /// A restart that could not start the worker counts as one more quick exit.
+    pub fn restart_failed(&self, key: &WorkerKey, error: &str) {
+        let mut next = None;
+        let _ = self.set(key, |r| {
+            let decision = restart::decide(
+                &r.spec.restart,
+                false,
+                Duration::ZERO,
+                r.streak,
+                self.policy.restart_backoff,
+                fastrand::f64(),
+            );
+            r.last_exit = Some(error.to_string());
+            match decision {
+                restart::Decision::Restart { delay, streak } => {
+                    r.state = WorkerState::Backoff;
+                    r.streak = streak;
+                    next = Some(delay);
+                }
+                _ => r.state = WorkerState::Failed,
+            }
+        });
+        match next {
+            Some(delay) => {
+                if let Some(tx) = self.restarts.lock().expect("restarts lock").as_ref() {
+                    let _ = tx.send((key.clone(), delay));
+                }
+            }
+            None => self.events.emit(
+                Level::Error,
+                "worker_failed",
+                Some(&key.model),
+                None,
+                format!("worker {key}: {error}; giving up"),
+            ),
+        }
     }
 
     fn put(&self, record: WorkerRecord) -> Result<(), StoreError> {

@@ -1,0 +1,89 @@
+//! Restart policies: a worker that exits is started again (or not) as its model says, with
+//! backoff, and a crash loop ends in `failed` with its last exit and what it printed.
+
+use crate::harness::{Agent, alive, testworker};
+
+fn agent() -> Agent {
+    let path = crate::harness::settings_file("restart_backoff = \"10ms\"\n");
+    Agent::start_with("h200:1", &["--config", &path])
+}
+
+fn plan(args: &str, restart: &str) -> String {
+    format!(
+        "version = 1\n[[gpus]]\nselect = \"0\"\nsharing = \"time-slicing\"\n[[models]]\nname = \"w\"\ncommand = [\"{}\"{args}]\nmemory = \"1GiB\"\nrestart = \"{restart}\"\n",
+        testworker()
+    )
+}
+
+fn worker(agent: &Agent) -> serde_json::Value {
+    agent.gpuctl(&["-o", "json", "workers"]).json()["workers"][0].clone()
+}
+
+#[test]
+fn always_restarts_a_killed_worker_at_once() {
+    let agent = agent();
+    let file = agent.write_plan("a.toml", &plan("", "always"));
+    assert_eq!(agent.gpuctl(&["apply", "-f", &file]).code, 0);
+    let pid = worker(&agent)["pid"].as_u64().unwrap();
+    // SAFETY: kill(2) on the worker this test started.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    agent.wait_for("the restart", 10, || {
+        let w = worker(&agent);
+        w["state"] == "running" && w["pid"].as_u64().is_some_and(|p| p != pid)
+    });
+    let w = worker(&agent);
+    assert_eq!(w["restarts"], 1);
+    assert!(!alive(pid));
+    let events = agent.gpuctl(&["events"]).stdout;
+    assert!(events.contains("killed by signal 9 (SIGKILL); restarting in"), "{events}");
+    // The restart is the agent's own doing: the plan still matches.
+    assert_eq!(agent.gpuctl(&["diff", "-f", &file]).code, 0);
+}
+
+#[test]
+fn policies_decide_who_comes_back() {
+    let agent = agent();
+    // (worker args, policy, final state)
+    let cases = [
+        (", \"--exit-after\", \"50\", \"--code\", \"0\"", "on-failure", "stopped"),
+        (", \"--exit-after\", \"50\", \"--code\", \"4\"", "never", "failed"),
+    ];
+    for (args, policy, want) in cases {
+        let file = agent.write_plan("p.toml", &plan(args, policy));
+        assert_eq!(agent.gpuctl(&["apply", "-f", &file]).code, 0);
+        agent.wait_for(want, 10, || worker(&agent)["state"] == want);
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let w = worker(&agent);
+        assert_eq!(w["state"], want, "{policy}: {w}");
+        assert_eq!(w["restarts"], 0, "{policy}: {w}");
+        let empty = agent.write_plan("e.toml", "version = 1\n");
+        assert_eq!(agent.gpuctl(&["apply", "-f", &empty]).code, 0);
+    }
+}
+
+#[test]
+fn a_crash_loop_backs_off_then_fails_with_its_last_words() {
+    let agent = agent();
+    let file = agent.write_plan(
+        "c.toml",
+        &plan(", \"--print\", \"loading weights\", \"--exit-after\", \"20\", \"--code\", \"7\"", "on-failure"),
+    );
+    assert_eq!(agent.gpuctl(&["apply", "-f", &file]).code, 0);
+    let mut saw_backoff = false;
+    agent.wait_for("the crash loop to end in failed", 30, || {
+        let w = worker(&agent);
+        saw_backoff |= w["state"] == "backoff";
+        w["state"] == "failed"
+    });
+    assert!(saw_backoff, "the worker showed backoff between restarts");
+    let w = worker(&agent);
+    assert_eq!(w["last_exit"], "exited with status 7");
+    assert!(w["log_tail"].as_str().unwrap().contains("loading weights"), "{w}");
+    assert_eq!(w["restarts"], 10, "{w}");
+    let events = agent.gpuctl(&["events"]).stdout;
+    assert!(events.contains("crash loop: 11 quick exits in a row"), "{events}");
+    assert!(events.contains("it last printed: loading weights"), "{events}");
+    // The next apply tries again.
+    let diff = agent.gpuctl(&["diff", "-f", &file]);
+    assert_eq!(diff.code, 1, "{diff:?}");
+}
