@@ -143,6 +143,67 @@ impl Agent {
         });
     }
 
+    /// Starts the task that honours memory budgets where nothing else does: a `time-slicing`
+    /// worker whose processes (its own and its children's, from the driver's process lists) use
+    /// more GPU memory than its `memory` for longer than the grace period is stopped with a clear
+    /// event and left `failed`; its neighbours are not touched. (`mps` clients have their pinned
+    /// limit, `mig` and `exclusive` workers their own memory.)
+    pub fn start_budget_watch(self: &Arc<Self>) {
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            let grace = me.settings.workers.memory_grace;
+            let mut over_since: std::collections::BTreeMap<reconcile::WorkerKey, Instant> = Default::default();
+            let mut tick = tokio::time::interval(std::time::Duration::from_millis(250).min(grace));
+            loop {
+                tick.tick().await;
+                let Ok(inventory) = me.inventory().await else { continue };
+                let procs: Vec<(u32, u64)> =
+                    inventory.gpus.iter().flat_map(|g| g.processes.iter().map(|p| (p.pid, p.used_mib))).collect();
+                let owners = me.owners(&procs.iter().map(|(p, _)| *p).collect::<Vec<_>>());
+                let mut used: std::collections::BTreeMap<reconcile::WorkerKey, u64> = Default::default();
+                for (pid, mib) in procs {
+                    if let Some(key) = owners.get(&pid) {
+                        *used.entry(key.clone()).or_default() += mib;
+                    }
+                }
+                let records = me.supervisor.records();
+                over_since.retain(|k, _| records.iter().any(|r| &r.spec.key == k && r.state.active()));
+                for r in records
+                    .iter()
+                    .filter(|r| r.state == crate::store::WorkerState::Running && r.spec.isolation == "time-slicing")
+                {
+                    let mib = used.get(&r.spec.key).copied().unwrap_or(0);
+                    if mib <= r.spec.memory_mib {
+                        over_since.remove(&r.spec.key);
+                        continue;
+                    }
+                    let since = *over_since.entry(r.spec.key.clone()).or_insert_with(Instant::now);
+                    if since.elapsed() < grace {
+                        continue;
+                    }
+                    over_since.remove(&r.spec.key);
+                    let reason = format!(
+                        "stopped by the agent: it used {mib} MiB of GPU memory, over its {} MiB budget, for {} ms",
+                        r.spec.memory_mib,
+                        since.elapsed().as_millis()
+                    );
+                    me.events.emit(
+                        Level::Error,
+                        "worker_over_budget",
+                        Some(&r.spec.key.model),
+                        Some(r.spec.gpu),
+                        format!("worker {}: {reason}", r.spec.key),
+                    );
+                    let me2 = Arc::clone(&me);
+                    let key = r.spec.key.clone();
+                    tokio::spawn(async move {
+                        let _ = me2.supervisor.stop_failed(&key, reason).await;
+                    });
+                }
+            }
+        });
+    }
+
     /// Adopts the workers and MPS daemons that an earlier agent left running.
     pub async fn adopt_workers(&self) -> Result<(), StoreError> {
         self.supervisor.adopt().await?;

@@ -80,6 +80,9 @@ pub struct FileSettings {
     pub socket_group: Option<String>,
     /// Delay of a crashing worker's second restart, doubling up to a minute (default "1s").
     pub restart_backoff: Option<String>,
+    /// How long a time-slicing worker may stay above its GPU memory budget before the agent stops
+    /// it (default "10s").
+    pub memory_grace: Option<String>,
     pub mps_control: Option<PathBuf>,
     pub runtime_dir: Option<PathBuf>,
 }
@@ -97,6 +100,8 @@ pub struct WorkerPolicy {
     pub default_user: Option<String>,
     /// Delay of a crashing worker's second restart, doubling from there (the first is immediate).
     pub restart_backoff: std::time::Duration,
+    /// How long a time-slicing worker may stay above its GPU memory budget.
+    pub memory_grace: std::time::Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -148,6 +153,11 @@ impl Settings {
             Some(other) => return Err(SettingsError::LogFormat(other.to_string())),
         };
         let running_as_root = nix::unistd::geteuid().is_root();
+        let memory_grace = match &file.memory_grace {
+            None => std::time::Duration::from_secs(10),
+            Some(text) => humantime::parse_duration(text)
+                .map_err(|e| SettingsError::Value { key: "memory_grace", message: format!("{text:?}: {e}") })?,
+        };
         let restart_backoff = match &file.restart_backoff {
             None => crate::workers::restart::BASE,
             Some(text) => humantime::parse_duration(text)
@@ -167,6 +177,7 @@ impl Settings {
                 allow_root: file.allow_root_workers.unwrap_or(false),
                 default_user: file.default_user.or_else(|| running_as_root.then(|| "nobody".to_string())),
                 restart_backoff,
+                memory_grace,
             },
             socket_group: file.socket_group,
             device_dir: PathBuf::from("/dev"),

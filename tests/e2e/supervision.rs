@@ -87,3 +87,38 @@ fn a_crash_loop_backs_off_then_fails_with_its_last_words() {
     let diff = agent.gpuctl(&["diff", "-f", &file]);
     assert_eq!(diff.code, 1, "{diff:?}");
 }
+
+/// Under time-slicing nothing else enforces a memory budget: a worker above its budget for longer
+/// than the grace period is stopped with a clear event, and its neighbour is untouched.
+#[test]
+fn a_time_slicing_worker_over_its_memory_budget_is_stopped() {
+    let settings = crate::harness::settings_file("memory_grace = \"300ms\"\n");
+    let agent = Agent::start_with("h200:1", &["--config", &settings]);
+    let state = agent.state_dir.join("sim/nvml.json").display().to_string();
+    let tw = testworker();
+    let text = format!(
+        "version = 1\n[[gpus]]\nselect = \"0\"\nsharing = \"time-slicing\"\n\
+         [[models]]\nname = \"hog\"\ncommand = [\"{tw}\", \"--gpu-memory\", \"500\", \"--grow-mib-per-sec\", \"4000\"]\nmemory = \"1GiB\"\nenv = {{ GPU_SIM_STATE = \"{state}\" }}\n\
+         [[models]]\nname = \"neighbour\"\ncommand = [\"{tw}\", \"--gpu-memory\", \"900\"]\nmemory = \"1GiB\"\nenv = {{ GPU_SIM_STATE = \"{state}\" }}\n"
+    );
+    let file = agent.write_plan("b.toml", &text);
+    assert_eq!(agent.gpuctl(&["apply", "-f", &file]).code, 0);
+    let neighbour = agent.worker_pids().into_iter().find(|w| w.0 == "neighbour").unwrap().2.unwrap();
+    agent.wait_for("the hog to be stopped", 15, || {
+        agent.worker_pids().into_iter().any(|w| w.0 == "hog" && w.3 == "failed")
+    });
+    let w = agent.gpuctl(&["-o", "json", "workers"]).json();
+    let hog = w["workers"].as_array().unwrap().iter().find(|w| w["model"] == "hog").unwrap().clone();
+    let last = hog["last_exit"].as_str().unwrap();
+    assert!(last.starts_with("stopped by the agent: it used") && last.contains("over its 1024 MiB budget"), "{last}");
+    let events = agent.gpuctl(&["events"]).stdout;
+    assert!(events.contains("worker_over_budget"), "{events}");
+    // The neighbour, within its budget, runs on with the same pid.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let n = agent.worker_pids().into_iter().find(|w| w.0 == "neighbour").unwrap();
+    assert_eq!((n.2, n.3.as_str()), (Some(neighbour), "running"));
+    assert!(alive(neighbour));
+    // The restart policy does not bring the hog back.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(agent.worker_pids().into_iter().any(|w| w.0 == "hog" && w.3 == "failed"));
+}

@@ -79,6 +79,7 @@ fn demo_plan_applies_then_is_a_no_op() {
             .collect();
         fds.sort();
         assert_eq!(fds, ["0", "1", "2"], "only stdin, stdout and stderr are open in {model}/{replica}");
+        assert!(status.lines().any(|l| l == "NoNewPrivs:\t1"), "no_new_privs is set: {status}");
     }
     let embed_pid = workers[3]["pid"].as_u64().unwrap();
     assert_eq!(env_of(embed_pid, "EMBED_BATCH").as_deref(), Some("64"));

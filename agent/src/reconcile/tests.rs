@@ -34,8 +34,12 @@ fn inventory(gpus: usize) -> Inventory {
 
 fn desired(text: &str, inv: &Inventory) -> Desired {
     let parsed = parse::parse(text);
-    let policy =
-        WorkerPolicy { allow_root: false, default_user: None, restart_backoff: std::time::Duration::from_secs(1) };
+    let policy = WorkerPolicy {
+        allow_root: false,
+        default_user: None,
+        restart_backoff: std::time::Duration::from_secs(1),
+        memory_grace: std::time::Duration::from_secs(10),
+    };
     let (desired, problems) = check::check(&parsed.plan, &parsed.spans, inv, &policy);
     assert!(parsed.problems.is_empty() && problems.is_empty(), "{:?} {problems:?}", parsed.problems);
     desired

@@ -130,6 +130,11 @@ pub fn spawn(
             return Err(std::io::Error::last_os_error());
         }
         nix::unistd::setsid()?;
+        // No setuid binary or file capability can raise a worker's privileges.
+        // SAFETY: prctl with PR_SET_NO_NEW_PRIVS takes integers only.
+        if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
         if let Some((uid, gid, groups)) = &ids {
             nix::unistd::setgroups(groups)?;
             nix::unistd::setgid(*gid)?;
@@ -139,8 +144,8 @@ pub fn spawn(
         nix::unistd::chdir(workdir_c.as_c_str())?;
         Ok(())
     };
-    // SAFETY: `in_child` makes only async-signal-safe calls (close_range, setsid, setgroups,
-    // setgid, setuid, chdir) and allocates nothing, as code between fork and exec must.
+    // SAFETY: `in_child` makes only async-signal-safe calls (close_range, setsid, prctl,
+    // setgroups, setgid, setuid, chdir) and allocates nothing, as code between fork and exec must.
     unsafe {
         cmd.pre_exec(in_child);
     }

@@ -230,6 +230,16 @@ impl Supervisor {
     /// Stops a worker: SIGTERM to its process group, then SIGKILL after its stop timeout.
     /// Returns once the process is gone; the record is then removed.
     pub async fn stop(self: &Arc<Self>, key: &WorkerKey) -> Result<(), WorkerError> {
+        self.stop_with(key, None).await
+    }
+
+    /// Stops a worker for a reason of the agent's own (over its GPU memory budget, say): the
+    /// record stays, `failed` with that reason, and the restart policy does not bring it back.
+    pub async fn stop_failed(self: &Arc<Self>, key: &WorkerKey, reason: String) -> Result<(), WorkerError> {
+        self.stop_with(key, Some(reason)).await
+    }
+
+    async fn stop_with(self: &Arc<Self>, key: &WorkerKey, failed: Option<String>) -> Result<(), WorkerError> {
         let record =
             self.records().into_iter().find(|r| &r.spec.key == key).ok_or_else(|| WorkerError::Unknown(key.clone()))?;
         if let Some(pid) = record.pid {
@@ -245,6 +255,14 @@ impl Supervisor {
             if stopping {
                 self.terminate(key, pid, &record).await?;
             }
+        }
+        if let Some(reason) = failed {
+            self.set(key, |r| {
+                r.state = WorkerState::Failed;
+                r.pid = None;
+                r.last_exit = Some(reason);
+            })?;
+            return Ok(());
         }
         self.state.update(|s| s.workers.retain(|r| &r.spec.key != key))?;
         self.events.emit(
