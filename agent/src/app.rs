@@ -46,6 +46,7 @@ pub async fn run(
     let agent = Agent::new(settings.clone(), driver, state, Arc::clone(&events));
     agent.start_restarter();
     agent.start_budget_watch();
+    agent.start_log_rotation();
     agent.adopt_workers().await?;
     let listener = server::bind(&settings.socket, settings.socket_group.as_deref())?;
     let inventory = agent.inventory().await?;

@@ -7,6 +7,7 @@ pub mod executor;
 pub mod holders;
 pub mod inventory;
 pub mod logging;
+pub mod logs;
 pub mod mig;
 pub mod mps;
 pub mod plan;

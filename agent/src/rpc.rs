@@ -384,6 +384,48 @@ impl AgentRpc for Rpc {
         stream_apply(&self.agent, text, source, req.dry_run, req.drain).await.map(Response::new)
     }
 
+    type LogsStream = Pin<Box<dyn Stream<Item = Result<pb::LogChunk, Status>> + Send>>;
+
+    async fn logs(&self, req: Request<pb::LogsRequest>) -> Result<Response<Self::LogsStream>, Status> {
+        let req = req.into_inner();
+        let files = self.agent.log_files(&req.model, req.replica).map_err(status)?;
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        tokio::spawn(async move {
+            let mut offsets = Vec::new();
+            for (replica, path) in &files {
+                let (data, end) = crate::logs::tail(path, req.tail as usize).unwrap_or_default();
+                offsets.push(end);
+                if !data.is_empty() && tx.send(Ok(pb::LogChunk { replica: *replica, data })).await.is_err() {
+                    return;
+                }
+            }
+            // Follow: new output as it comes, until the client goes away.
+            while req.follow {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                for ((replica, path), offset) in files.iter().zip(offsets.iter_mut()) {
+                    let Ok((data, end)) = crate::logs::read_from(path, *offset) else { continue };
+                    *offset = end;
+                    if !data.is_empty() && tx.send(Ok(pb::LogChunk { replica: *replica, data })).await.is_err() {
+                        return;
+                    }
+                }
+                if tx.is_closed() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+
+    async fn model_action(
+        &self,
+        req: Request<pb::ModelActionRequest>,
+    ) -> Result<Response<pb::ModelActionReply>, Status> {
+        let req = req.into_inner();
+        let done = self.agent.do_model_action(&req.model, &req.action).await.map_err(status)?;
+        Ok(Response::new(pb::ModelActionReply { done }))
+    }
+
     async fn list_workers(&self, _: Request<pb::ListWorkersRequest>) -> Result<Response<pb::ListWorkersReply>, Status> {
         let records = self.agent.do_workers();
         // Real GPU memory per worker: every process of the driver's lists that is the worker's

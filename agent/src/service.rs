@@ -204,6 +204,87 @@ impl Agent {
         });
     }
 
+    /// Rotates worker logs that grew past their bound (see `logs`).
+    pub fn start_log_rotation(self: &Arc<Self>) {
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+            loop {
+                tick.tick().await;
+                for r in me.supervisor.records() {
+                    let path = me.supervisor.log_file(&r.spec.key);
+                    if let Err(e) = crate::logs::rotate_if_large(&path, crate::logs::MAX_BYTES, crate::logs::KEEP) {
+                        tracing::warn!(log = %path.display(), error = %e, "log rotation");
+                    }
+                }
+            }
+        });
+    }
+
+    /// The log files of a model's workers (one replica, or all), oldest replica first.
+    pub fn log_files(&self, model: &str, replica: Option<u32>) -> Result<Vec<(u32, std::path::PathBuf)>, AgentError> {
+        let files: Vec<_> = self
+            .supervisor
+            .records()
+            .into_iter()
+            .filter(|r| r.spec.key.model == model && replica.is_none_or(|n| r.spec.key.replica == n))
+            .map(|r| (r.spec.key.replica, self.supervisor.log_file(&r.spec.key)))
+            .collect();
+        if files.is_empty() {
+            let what = match replica {
+                Some(n) => format!("model {model:?} has no replica {n}"),
+                None => format!("no model {model:?} runs on this host"),
+            };
+            return Err(AgentError::NotFound(what));
+        }
+        Ok(files)
+    }
+
+    /// `gpuctl stop MODEL` / `gpuctl restart MODEL`: acts on every replica of the model, one at a
+    /// time, under the apply lock. Stopped workers stay `stopped` until the next apply (the plan
+    /// still wants them); a restart starts each again through the apply's start path.
+    pub async fn do_model_action(&self, model: &str, action: &str) -> Result<Vec<String>, AgentError> {
+        let _apply = self.apply_lock.lock().await;
+        let records: Vec<_> = self.supervisor.records().into_iter().filter(|r| r.spec.key.model == model).collect();
+        if records.is_empty() {
+            return Err(AgentError::NotFound(format!("no model {model:?} runs on this host")));
+        }
+        let ctx = self.context();
+        let mut done = Vec::new();
+        for r in records {
+            let key = r.spec.key.clone();
+            if let (Some(daemon), Some(pid)) = (&r.spec.mps_daemon, r.pid) {
+                self.mps.terminate_client(daemon, pid).await;
+            }
+            match action {
+                "stop" => {
+                    self.supervisor
+                        .stop_keep(&key, "stopped by gpuctl stop".into())
+                        .await
+                        .map_err(|e| AgentError::Internal(e.to_string()))?;
+                    done.push(format!("stopped {key}"));
+                }
+                "restart" => {
+                    self.supervisor
+                        .stop_keep(&key, "restarting (gpuctl restart)".into())
+                        .await
+                        .map_err(|e| AgentError::Internal(e.to_string()))?;
+                    let pid = executor::start_worker(&r.spec, &ctx).await.map_err(AgentError::Internal)?;
+                    done.push(format!("restarted {key} (pid {pid})"));
+                }
+                other => return Err(AgentError::NotFound(format!("unknown action {other:?}: stop or restart"))),
+            }
+            self.events.emit(
+                Level::Info,
+                "model_action",
+                Some(model),
+                Some(r.spec.gpu),
+                done.last().cloned().unwrap_or_default(),
+            );
+        }
+        Ok(done)
+    }
+
     /// Adopts the workers and MPS daemons that an earlier agent left running.
     pub async fn adopt_workers(&self) -> Result<(), StoreError> {
         self.supervisor.adopt().await?;

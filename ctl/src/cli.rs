@@ -61,6 +61,22 @@ pub enum Command {
     Workers,
     /// What the agent did and saw
     Events,
+    /// A model's worker output (every replica's, each line marked, unless --replica)
+    Logs {
+        model: String,
+        #[arg(long)]
+        replica: Option<u32>,
+        /// Keep printing new output as it comes
+        #[arg(short = 'f', long)]
+        follow: bool,
+        /// Only the last N lines of each replica's log
+        #[arg(long, default_value_t = 0)]
+        tail: u32,
+    },
+    /// Restart one model's workers, one replica at a time
+    Restart { model: String },
+    /// Stop one model's workers now (they stay stopped until the next apply)
+    Stop { model: String },
 }
 
 #[derive(Debug, Args)]

@@ -213,3 +213,12 @@ pub fn settings_file(contents: &str) -> String {
     let (_, path) = file.keep().expect("keep settings file");
     path.display().to_string()
 }
+
+/// The gpuctl binary, built beside the test binary (for what needs a separate process, such as
+/// `logs --follow`).
+pub fn gpuctl_binary() -> String {
+    let exe = std::env::current_exe().expect("test exe");
+    let path = exe.parent().and_then(Path::parent).expect("target/<profile>").join("gpuctl");
+    assert!(path.is_file(), "{} is missing: run `cargo build --workspace`", path.display());
+    path.display().to_string()
+}

@@ -122,3 +122,66 @@ fn a_time_slicing_worker_over_its_memory_budget_is_stopped() {
     std::thread::sleep(std::time::Duration::from_millis(300));
     assert!(agent.worker_pids().into_iter().any(|w| w.0 == "hog" && w.3 == "failed"));
 }
+
+/// `gpuctl logs` (all replicas marked, one replica, tail, follow), `gpuctl stop` and
+/// `gpuctl restart`.
+#[test]
+fn logs_stop_and_restart_of_one_model() {
+    use std::io::BufRead;
+    let agent = agent();
+    let text = format!(
+        "version = 1\n[[gpus]]\nselect = \"0\"\nsharing = \"time-slicing\"\n[[models]]\nname = \"p\"\ncommand = [\"{}\", \"--print\", \"hello\"]\nmemory = \"1GiB\"\nreplicas = 2\n[[models]]\nname = \"q\"\ncommand = [\"/usr/bin/sleep\", \"600\"]\nmemory = \"1GiB\"\n",
+        testworker()
+    );
+    let file = agent.write_plan("l.toml", &text);
+    assert_eq!(agent.gpuctl(&["apply", "-f", &file]).code, 0);
+    agent.wait_for("both replicas ready", 10, || {
+        let out = agent.gpuctl(&["logs", "p"]).stdout;
+        out.contains("p/0 | ready") && out.contains("p/1 | ready")
+    });
+    let all = agent.gpuctl(&["logs", "p"]).stdout;
+    assert!(all.contains("p/1 | hello GPU_AGENT_MODEL=p GPU_AGENT_REPLICA=1"), "{all}");
+    let one = agent.gpuctl(&["logs", "p", "--replica", "0", "--tail", "1"]);
+    assert_eq!(one.stdout, "ready\n", "{one:?}");
+    let missing = agent.gpuctl(&["logs", "nope"]);
+    assert_eq!(missing.code, 2, "{missing:?}");
+    assert!(missing.stderr.contains("no model \"nope\""), "{missing:?}");
+
+    // Follow: a separate gpuctl process that prints new output as the worker writes it.
+    let mut follow = std::process::Command::new(crate::harness::gpuctl_binary())
+        .args(["--socket", agent.socket.to_str().unwrap(), "logs", "p", "--replica", "0", "--follow"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(follow.stdout.take().unwrap()).lines();
+
+    // Stop: p's workers stop and stay stopped; q is untouched; the plan would start p again.
+    let q = agent.worker_pids().into_iter().find(|w| w.0 == "q").unwrap().2;
+    let before: Vec<_> = agent.worker_pids().into_iter().filter(|w| w.0 == "p").filter_map(|w| w.2).collect();
+    let stop = agent.gpuctl(&["stop", "p"]);
+    assert_eq!(stop.code, 0, "{stop:?}");
+    assert!(stop.stdout.contains("stopped p/0") && stop.stdout.contains("stopped p/1"), "{stop:?}");
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let after = agent.worker_pids();
+    assert!(after.iter().filter(|w| w.0 == "p").all(|w| w.3 == "stopped" && w.2.is_none()), "{after:?}");
+    assert_eq!(after.iter().find(|w| w.0 == "q").unwrap().2, q);
+    assert!(before.iter().all(|p| !alive(*p)));
+    assert_eq!(agent.gpuctl(&["diff", "-f", &file]).code, 1);
+
+    // Restart: running again with new pids; the follower sees the new output.
+    let restart = agent.gpuctl(&["restart", "p"]);
+    assert_eq!(restart.code, 0, "{restart:?}");
+    let now: Vec<_> = agent.worker_pids().into_iter().filter(|w| w.0 == "p").collect();
+    assert!(now.iter().all(|w| w.3 == "running" && w.2.is_some_and(|p| !before.contains(&p))), "{now:?}");
+    let mut seen = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        seen.push(line.clone());
+        if seen.iter().filter(|l| l.starts_with("hello")).count() >= 2 {
+            break;
+        }
+    }
+    follow.kill().unwrap();
+    follow.wait().unwrap();
+    assert_eq!(agent.gpuctl(&["diff", "-f", &file]).code, 0, "restarted workers match the plan");
+}

@@ -236,10 +236,24 @@ impl Supervisor {
     /// Stops a worker for a reason of the agent's own (over its GPU memory budget, say): the
     /// record stays, `failed` with that reason, and the restart policy does not bring it back.
     pub async fn stop_failed(self: &Arc<Self>, key: &WorkerKey, reason: String) -> Result<(), WorkerError> {
-        self.stop_with(key, Some(reason)).await
+        self.stop_with(key, Some((WorkerState::Failed, reason))).await
     }
 
-    async fn stop_with(self: &Arc<Self>, key: &WorkerKey, failed: Option<String>) -> Result<(), WorkerError> {
+    /// Stops a worker on an operator's request (`gpuctl stop`): the record stays, `stopped`.
+    pub async fn stop_keep(self: &Arc<Self>, key: &WorkerKey, reason: String) -> Result<(), WorkerError> {
+        self.stop_with(key, Some((WorkerState::Stopped, reason))).await
+    }
+
+    /// The log file of a worker.
+    pub fn log_file(&self, key: &WorkerKey) -> PathBuf {
+        self.log_path(key)
+    }
+
+    async fn stop_with(
+        self: &Arc<Self>,
+        key: &WorkerKey,
+        keep: Option<(WorkerState, String)>,
+    ) -> Result<(), WorkerError> {
         let record =
             self.records().into_iter().find(|r| &r.spec.key == key).ok_or_else(|| WorkerError::Unknown(key.clone()))?;
         if let Some(pid) = record.pid {
@@ -256,9 +270,9 @@ impl Supervisor {
                 self.terminate(key, pid, &record).await?;
             }
         }
-        if let Some(reason) = failed {
+        if let Some((state, reason)) = keep {
             self.set(key, |r| {
-                r.state = WorkerState::Failed;
+                r.state = state;
                 r.pid = None;
                 r.last_exit = Some(reason);
             })?;

@@ -3,6 +3,7 @@
 mod apply;
 mod events;
 mod gpus;
+mod logs;
 mod partition;
 mod status;
 mod workers;
@@ -24,6 +25,11 @@ pub async fn dispatch(cli: Cli, out: &mut dyn Write, err: &mut dyn Write) -> Res
         Command::Diff(args) => apply::diff(&cli.global, &args.file, json, out).await,
         Command::Workers => workers::run(&cli.global, json, out).await,
         Command::Events => events::run(&cli.global, json, out).await,
+        Command::Logs { model, replica, follow, tail } => {
+            logs::logs(&cli.global, &model, replica, follow, tail, out).await
+        }
+        Command::Restart { model } => logs::action(&cli.global, &model, "restart", json, out).await,
+        Command::Stop { model } => logs::action(&cli.global, &model, "stop", json, out).await,
     }
 }
 

@@ -1,0 +1,106 @@
+//! Worker logs: each worker's stdout and stderr go to `STATE_DIR/logs/MODEL.REPLICA.log`, which
+//! the worker holds open in append mode (so it keeps writing while the agent restarts). The agent
+//! bounds each file by rotating it: when it passes `MAX_BYTES` its content is copied to `.1`
+//! (older copies shift up to `.KEEP`) and the file is truncated in place, which an append-mode
+//! writer survives (logrotate's copytruncate).
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+pub const MAX_BYTES: u64 = 10 << 20;
+pub const KEEP: u32 = 3;
+
+fn rotated(path: &Path, n: u32) -> PathBuf {
+    PathBuf::from(format!("{}.{n}", path.display()))
+}
+
+/// Rotates `path` when it is larger than `max`; returns whether it did.
+pub fn rotate_if_large(path: &Path, max: u64, keep: u32) -> std::io::Result<bool> {
+    let Ok(meta) = fs::metadata(path) else { return Ok(false) };
+    if meta.len() <= max {
+        return Ok(false);
+    }
+    for n in (1..keep).rev() {
+        let from = rotated(path, n);
+        if from.exists() {
+            fs::rename(&from, rotated(path, n + 1))?;
+        }
+    }
+    fs::copy(path, rotated(path, 1))?;
+    OpenOptions::new().write(true).open(path)?.set_len(0)?;
+    Ok(true)
+}
+
+/// The last `lines` lines of a file (all of it when `lines` is 0), and the offset it ends at.
+pub fn tail(path: &Path, lines: usize) -> std::io::Result<(Vec<u8>, u64)> {
+    let mut file = File::open(path)?;
+    let len = file.metadata()?.len();
+    let mut buf = Vec::new();
+    file.read_to_end(&mut buf)?;
+    if lines == 0 {
+        return Ok((buf, len));
+    }
+    let mut seen = 0;
+    let mut start = 0;
+    for (i, b) in buf.iter().enumerate().rev().skip(1) {
+        if *b == b'\n' {
+            seen += 1;
+            if seen == lines {
+                start = i + 1;
+                break;
+            }
+        }
+    }
+    Ok((buf[start..].to_vec(), len))
+}
+
+/// What was appended to `path` since `offset`; after a rotation truncated it, from the start.
+pub fn read_from(path: &Path, offset: u64) -> std::io::Result<(Vec<u8>, u64)> {
+    let mut file = File::open(path)?;
+    let len = file.metadata()?.len();
+    let from = if len < offset { 0 } else { offset };
+    file.seek(SeekFrom::Start(from))?;
+    let mut buf = Vec::new();
+    file.read_to_end(&mut buf)?;
+    let end = from + buf.len() as u64;
+    Ok((buf, end))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn rotation_keeps_a_bounded_number_of_copies_and_writers_carry_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.0.log");
+        let mut writer = OpenOptions::new().create(true).append(true).open(&path).unwrap();
+        for round in 0..5 {
+            writeln!(writer, "{}", format!("round {round} ").repeat(20)).unwrap();
+            assert!(rotate_if_large(&path, 100, 3).unwrap(), "round {round}");
+        }
+        writeln!(writer, "after").unwrap();
+        assert_eq!(fs::read_to_string(&path).unwrap(), "after\n", "the writer goes on at the start");
+        assert!(fs::read_to_string(rotated(&path, 1)).unwrap().starts_with("round 4"));
+        assert!(fs::read_to_string(rotated(&path, 3)).unwrap().starts_with("round 2"));
+        assert!(!rotated(&path, 4).exists());
+        assert!(!rotate_if_large(&path, 100, 3).unwrap(), "small files stay");
+    }
+
+    #[test]
+    fn tail_and_follow() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.log");
+        fs::write(&path, "a\nb\nc\n").unwrap();
+        assert_eq!(tail(&path, 2).unwrap().0, b"b\nc\n");
+        assert_eq!(tail(&path, 0).unwrap().0, b"a\nb\nc\n");
+        assert_eq!(tail(&path, 9).unwrap().0, b"a\nb\nc\n");
+        let (_, end) = tail(&path, 1).unwrap();
+        fs::write(&path, "a\nb\nc\nd\n").unwrap();
+        assert_eq!(read_from(&path, end).unwrap().0, b"d\n");
+        fs::write(&path, "x\n").unwrap();
+        assert_eq!(read_from(&path, end).unwrap().0, b"x\n", "truncated: from the start");
+    }
+}
