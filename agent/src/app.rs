@@ -66,6 +66,7 @@ pub async fn run(
         ),
     );
     initial_apply(&agent, &settings).await;
+    agent.adopt_mps();
     server::serve(listener, &settings.socket, Rpc { agent: Arc::clone(&agent) }, shutdown).await?;
     events.emit(
         Level::Info,
@@ -94,7 +95,8 @@ async fn initial_apply(agent: &Arc<Agent>, settings: &Settings) {
             None => return,
         },
     };
-    if let Err(e) = agent.do_apply(&text, &source, true, |_| {}).await {
+    let input = crate::service::PlanInput::Text { text, source: source.clone() };
+    if let Err(e) = agent.do_apply(input, true, |_| {}).await {
         agent.record_rejected(&source, &e);
     }
 }

@@ -192,12 +192,25 @@ async fn create_instance(ctx: &Context, gpu: u32, profile_id: u32, start: u32, s
     Ok(id)
 }
 
-/// Starts a worker; one in a MIG instance gets that instance's current MIG device UUID, since an
-/// instance this apply created (or re-created) has a new one.
+/// Starts a worker through the checks every start makes (see `resolve_worker`); one that cannot
+/// start is recorded as failed with the reason.
 pub async fn start_worker(spec: &WorkerSpec, ctx: &Context) -> Result<u32, String> {
+    let resolved = match resolve_worker(spec, ctx).await {
+        Ok(spec) => spec,
+        Err(e) => {
+            // Never lose a worker from view because it could not be started.
+            ctx.supervisor.record_failed(spec, &e);
+            return Err(e);
+        }
+    };
+    ctx.supervisor.start(resolved).map_err(|e| e.to_string())
+}
+
+/// What must hold before a worker starts: an MPS client's daemon answers (a client of a dead
+/// daemon silently runs without MPS and without limits), and a MIG worker gets its instance's
+/// current MIG device UUID (an instance this apply created, or re-created, has a new one).
+async fn resolve_worker(spec: &WorkerSpec, ctx: &Context) -> Result<WorkerSpec, String> {
     let mut spec = spec.clone();
-    // A client of a dead MPS daemon silently runs without MPS and without limits: never start one
-    // before its daemon answers.
     if let Some(daemon) = &spec.mps_daemon
         && !ctx.mps.answers(daemon).await
     {
@@ -216,7 +229,7 @@ pub async fn start_worker(spec: &WorkerSpec, ctx: &Context) -> Result<u32, Strin
             .ok_or_else(|| format!("worker {}: MIG instance {label} on GPU {gpu} does not exist", spec.key))?;
         spec.device = uuid;
     }
-    ctx.supervisor.start(spec).map_err(|e| e.to_string())
+    Ok(spec)
 }
 
 async fn run(step: &Step, ctx: &Context) -> Result<Option<Undo>, String> {
@@ -238,7 +251,12 @@ async fn run(step: &Step, ctx: &Context) -> Result<Option<Undo>, String> {
         }
         Step::DestroyGpuInstance { gpu, id, profile, profile_id, start, size, .. } => {
             let (g, i) = (*gpu, *id);
-            blocking(ctx, move |d| d.destroy_gpu_instance(g, i)).await.map_err(|e| e.to_string())?;
+            if let Err(e) = blocking(ctx, move |d| d.destroy_gpu_instance(g, i)).await {
+                // Compute instances go first: if the GPU instance then refused to go, give it its
+                // compute instance back, so the rollback leaves a usable MIG device.
+                let _ = blocking(ctx, move |d| d.create_compute_instance(g, i)).await;
+                return Err(e.to_string());
+            }
             Ok(Some(Undo::CreateGpuInstance {
                 gpu: *gpu,
                 profile: profile.clone(),
@@ -264,6 +282,8 @@ async fn run(step: &Step, ctx: &Context) -> Result<Option<Undo>, String> {
             let (gpu, enable) = (*gpu, matches!(step, Step::EnableMig { .. }));
             let before = blocking(ctx, move |d| d.inventory()).await.map_err(|e| e.to_string())?;
             let was = before.gpu(gpu).map(|g| g.mig_current).unwrap_or(!enable);
+            // What was asked for before this step (a pending request the plan did not make).
+            let was_pending = before.gpu(gpu).map(|g| g.mig_pending).unwrap_or(was);
             let mode = blocking(ctx, move |d| d.set_mig_mode(gpu, enable)).await.map_err(|e| {
                 let holders = holders::holders(&ctx.device_dir, gpu);
                 if holders.is_empty() { e.to_string() } else { format!("{e}; GPU {gpu} is held by {}", list(&holders)) }
@@ -275,10 +295,20 @@ async fn run(step: &Step, ctx: &Context) -> Result<Option<Undo>, String> {
                 } else {
                     format!("it is held by {}", list(&holders))
                 };
-                // Clear the pending request, so the GPU is left as it was.
-                let _ = blocking(ctx, move |d| d.set_mig_mode(gpu, was)).await;
+                // Withdraw the request, so the GPU is left as it was (including a pending request
+                // that was there before), and say so only when that worked.
+                let withdrawn = blocking(ctx, move |d| d.set_mig_mode(gpu, was_pending)).await;
+                let left = match withdrawn {
+                    Ok(m) if m.current == was && m.pending == was_pending => "the request was withdrawn".to_string(),
+                    Ok(m) => format!(
+                        "withdrawing the request left MIG mode current {} pending {}",
+                        if m.current { "on" } else { "off" },
+                        if m.pending { "on" } else { "off" }
+                    ),
+                    Err(e) => format!("withdrawing the request failed: {e}"),
+                };
                 return Err(format!(
-                    "GPU {gpu}: MIG mode {} is pending: the change needs a GPU reset, which gpu-agent never does, and {who}; stop those processes and apply again",
+                    "GPU {gpu}: MIG mode {} is pending: the change needs a GPU reset, which gpu-agent never does, and {who}; {left}; stop those processes and apply again",
                     if enable { "on" } else { "off" }
                 ));
             }

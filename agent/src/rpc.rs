@@ -4,7 +4,7 @@
 use crate::executor::Progress;
 use crate::inventory::Gpu;
 use crate::reconcile::Step;
-use crate::service::{Agent, AgentError, ApplyProgress, GpuView};
+use crate::service::{Agent, AgentError, ApplyProgress, GpuView, PlanInput};
 use crate::store::{WorkerRecord, WorkerState};
 use gpu_agent_proto::v1 as pb;
 use pb::agent_server::Agent as AgentRpc;
@@ -219,6 +219,7 @@ async fn stream_apply(
     agent: &Arc<Agent>,
     text: String,
     source: String,
+    input: PlanInput,
     dry_run: bool,
     drain: bool,
 ) -> Result<ApplyStream, Status> {
@@ -259,7 +260,7 @@ async fn stream_apply(
         let agent = Arc::clone(agent);
         tokio::spawn(async move {
             // The apply runs to the end even if the client goes away.
-            let result = agent.do_apply(&text, &source, drain, |p| drop(tx.send(event(progress_event(p))))).await;
+            let result = agent.do_apply(input, drain, |p| drop(tx.send(event(progress_event(p))))).await;
             match result {
                 Ok(o) => drop(tx.send(event(pb::apply_event::Event::Done(pb::ApplyDone {
                     ok: o.failed == 0,
@@ -372,7 +373,8 @@ impl AgentRpc for Rpc {
 
     async fn apply(&self, req: Request<pb::PlanRequest>) -> Result<Response<Self::ApplyStream>, Status> {
         let req = req.into_inner();
-        stream_apply(&self.agent, req.plan_toml, req.source, req.dry_run, req.drain).await.map(Response::new)
+        let input = PlanInput::Text { text: req.plan_toml.clone(), source: req.source.clone() };
+        stream_apply(&self.agent, req.plan_toml, req.source, input, req.dry_run, req.drain).await.map(Response::new)
     }
 
     type PartitionStream = ApplyStream;
@@ -380,8 +382,11 @@ impl AgentRpc for Rpc {
     async fn partition(&self, req: Request<pb::PartitionRequest>) -> Result<Response<Self::PartitionStream>, Status> {
         let req = req.into_inner();
         let layout = (!req.clear).then_some(req.profiles.as_slice());
+        // Checked (and shown, for a dry run) against the stored plan now; applied against the
+        // stored plan as it is when the apply holds the lock.
         let (text, source) = self.agent.partition_plan(&req.gpu, layout).await.map_err(status)?;
-        stream_apply(&self.agent, text, source, req.dry_run, req.drain).await.map(Response::new)
+        let input = PlanInput::Partition { gpu: req.gpu.clone(), layout: layout.map(<[String]>::to_vec) };
+        stream_apply(&self.agent, text, source, input, req.dry_run, req.drain).await.map(Response::new)
     }
 
     type LogsStream = Pin<Box<dyn Stream<Item = Result<pb::LogChunk, Status>> + Send>>;
@@ -399,8 +404,11 @@ impl AgentRpc for Rpc {
                     return;
                 }
             }
+            if !req.follow {
+                return;
+            }
             // Follow: new output as it comes, until the client goes away.
-            while req.follow {
+            loop {
                 tokio::time::sleep(std::time::Duration::from_millis(200)).await;
                 for ((replica, path), offset) in files.iter().zip(offsets.iter_mut()) {
                     let Ok((data, end)) = crate::logs::read_from(path, *offset) else { continue };

@@ -40,7 +40,7 @@ pub struct Agent {
     mps: Arc<MpsManager>,
     events: Arc<Events>,
     /// One apply at a time; a second waits for the first.
-    apply_lock: tokio::sync::Mutex<()>,
+    apply_lock: Arc<tokio::sync::Mutex<()>>,
     started: Instant,
 }
 
@@ -81,6 +81,7 @@ impl Agent {
             settings.state_dir.join("logs"),
             settings.runtime_dir.clone(),
         );
+        let apply_lock = Arc::new(tokio::sync::Mutex::new(()));
         let mps = MpsManager::new(
             MpsSettings {
                 binary: settings.mps_control.clone(),
@@ -91,17 +92,9 @@ impl Agent {
             Arc::clone(&events),
             Arc::clone(&supervisor),
             Arc::clone(&driver),
+            Arc::clone(&apply_lock),
         );
-        Arc::new(Agent {
-            settings,
-            driver,
-            state,
-            supervisor,
-            mps,
-            events,
-            apply_lock: tokio::sync::Mutex::new(()),
-            started: Instant::now(),
-        })
+        Arc::new(Agent { settings, driver, state, supervisor, mps, events, apply_lock, started: Instant::now() })
     }
 
     fn context(&self) -> executor::Context {
@@ -287,9 +280,12 @@ impl Agent {
 
     /// Adopts the workers and MPS daemons that an earlier agent left running.
     pub async fn adopt_workers(&self) -> Result<(), StoreError> {
-        self.supervisor.adopt().await?;
+        self.supervisor.adopt().await
+    }
+
+    /// Supervises the MPS daemons an earlier agent left; after the start-up apply.
+    pub fn adopt_mps(&self) {
         self.mps.adopt();
-        Ok(())
     }
 
     pub async fn inventory(&self) -> Result<Inventory, AgentError> {
@@ -455,12 +451,18 @@ impl Agent {
     /// stored plan then stays the one before.
     pub async fn do_apply(
         &self,
-        text: &str,
-        source: &str,
+        input: PlanInput,
         drain: bool,
         mut progress: impl FnMut(ApplyProgress),
     ) -> Result<Outcome, AgentError> {
         let _apply = self.apply_lock.lock().await;
+        // A partition edit is made to the stored plan as it is now, under the lock, so two edits
+        // of different GPUs at once both land.
+        let (text, source) = match input {
+            PlanInput::Text { text, source } => (text, source),
+            PlanInput::Partition { gpu, layout } => self.partition_plan(&gpu, layout.as_deref()).await?,
+        };
+        let (text, source) = (text.as_str(), source.as_str());
         let prepared = self.prepare(text, source).await?;
         let refusals = self.refusals(&prepared, drain);
         if !refusals.is_empty() {
@@ -572,6 +574,13 @@ impl Agent {
     pub fn stored_plan(&self) -> Option<AppliedPlan> {
         self.state.snapshot().plan
     }
+}
+
+/// What an apply applies: a plan's text, or the stored plan with one GPU's MIG layout replaced
+/// (`None`: MIG off).
+pub enum PlanInput {
+    Text { text: String, source: String },
+    Partition { gpu: String, layout: Option<Vec<String>> },
 }
 
 // Short-lived values passed to a callback: boxing the common variant would buy nothing.

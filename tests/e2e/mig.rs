@@ -361,4 +361,23 @@ fn a_destroy_the_driver_refuses_rolls_back() {
     assert!(failed["error"].as_str().unwrap().contains("nvmlGpuInstanceDestroy"), "{doc:#}");
     assert_eq!(doc["rollback"].as_array().unwrap().len(), 1, "the one destroy that succeeded is undone: {doc:#}");
     assert_eq!(instances(&agent, 0), before);
+    // The instance whose destroy failed halfway got its compute instance back: every instance is
+    // a MIG device, and the layout is whole again.
+    let gpus = agent.gpuctl(&["-o", "json", "gpus"]).json();
+    assert!(gpus["gpus"][0]["instances"].as_array().unwrap().iter().all(|i| i["uuid"].is_string()), "{gpus:#}");
+}
+
+/// Two `partition set` runs at once, on two GPUs: both land (each edits the stored plan as it is
+/// when it holds the apply lock).
+#[test]
+fn concurrent_partition_changes_both_land() {
+    let agent = Agent::start("h200:2");
+    let socket = agent.socket.clone();
+    let other = socket.clone();
+    let a = std::thread::spawn(move || crate::harness::gpuctl_at(&socket, &["partition", "set", "0", "3g.71gb"]));
+    let b = std::thread::spawn(move || crate::harness::gpuctl_at(&other, &["partition", "set", "1", "4g.71gb"]));
+    let (a, b) = (a.join().unwrap(), b.join().unwrap());
+    assert_eq!((a.code, b.code), (0, 0), "{a:?}\n{b:?}");
+    assert_eq!(instances(&agent, 0), ["3g.71gb@4"]);
+    assert_eq!(instances(&agent, 1), ["4g.71gb@0"]);
 }

@@ -205,7 +205,9 @@ fn no_client_starts_without_its_daemon() {
     assert_eq!(out.code, 1, "{out:?}");
     assert!(out.stdout.contains("start_mps gpu1 on GPU 1"), "{out:?}");
     assert!(out.stdout.contains("does not answer; not starting a client that would run without MPS"), "{out:?}");
-    assert!(mps_workers(&agent).iter().all(|(pid, st)| *pid == 0 && st == "failed"), "{:?}", mps_workers(&agent));
+    let clients = mps_workers(&agent);
+    assert_eq!(clients.len(), 2, "a client that cannot start is still listed, failed: {clients:?}");
+    assert!(clients.iter().all(|(pid, st)| *pid == 0 && st == "failed"), "{clients:?}");
 }
 
 #[test]
@@ -292,6 +294,9 @@ fn mps_in_a_mig_instance() {
     }
     let diff = agent.gpuctl(&["diff", "-f", &file]);
     assert_eq!(diff.code, 0, "{diff:?}");
+    // `partition set` keeps an instance's MPS with the `:mps` suffix.
+    let keep = agent.gpuctl(&["partition", "set", "0", "4g.71gb", "3g.71gb:mps", "--dry-run"]);
+    assert_eq!(keep.code, 0, "{keep:?}");
     let none = agent.write_plan("none.toml", "version = 1\n[[gpus]]\nselect = \"0\"\nsharing = \"time-slicing\"\n");
     assert_eq!(agent.gpuctl(&["apply", "-f", &none]).code, 0);
     assert_eq!(status(&agent)["mps_daemons"], serde_json::json!([]));
@@ -320,4 +325,29 @@ fn a_worker_that_is_not_an_mps_client_is_reported() {
     agent.wait_for("the mps_not_client event", 10, || {
         agent.gpuctl(&["events"]).stdout.contains("is not an MPS client of gpu1")
     });
+}
+
+/// A daemon that died while the agent was down is replaced by the start-up apply, and the tier
+/// works again: no stray daemon, no stuck record.
+#[test]
+fn a_daemon_that_died_while_the_agent_was_down_is_replaced() {
+    let mut agent = start();
+    let file = agent.write_plan("mps.toml", &plan(&agent, "", ""));
+    assert_eq!(agent.gpuctl(&["apply", "-f", &file]).code, 0);
+    agent.wait_for("clients running", 10, || mps_workers(&agent).iter().all(|(_, s)| s == "running"));
+    let daemon = daemon_pid(&agent);
+    assert_eq!(agent.stop_agent(libc::SIGTERM), Some(0));
+    // SAFETY: kill(2) on the daemon this test's agent started.
+    unsafe { libc::kill(daemon as i32, libc::SIGKILL) };
+    std::thread::sleep(Duration::from_millis(200));
+    agent.launch().unwrap();
+    let s = status(&agent);
+    assert_eq!(s["last_apply"]["ok"], true, "{s:#}");
+    assert_eq!(s["mps_daemons"].as_array().unwrap().len(), 1, "{s:#}");
+    assert_ne!(daemon_pid(&agent), daemon);
+    assert_eq!(s["mps_daemons"][0]["state"], "running");
+    agent.wait_for("clients running", 10, || mps_workers(&agent).iter().all(|(_, s)| s == "running"));
+    assert_eq!(agent.gpuctl(&["diff", "-f", &file]).code, 0);
+    let none = agent.write_plan("none.toml", "version = 1\n");
+    assert_eq!(agent.gpuctl(&["apply", "-f", &none]).code, 0);
 }

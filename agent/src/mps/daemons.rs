@@ -43,6 +43,10 @@ pub struct ObservedDaemon {
 pub struct DaemonRecord {
     pub spec: DaemonSpec,
     pub pid: Option<u32>,
+    /// Start time of the daemon's process (/proc start ticks): pid plus this tells a reused pid
+    /// from the daemon.
+    #[serde(default)]
+    pub start_ticks: Option<u64>,
     pub restarts: u32,
     /// running | restarting | failed
     pub state: String,
@@ -66,6 +70,17 @@ pub struct MpsManager {
     watchers: Mutex<BTreeMap<String, watch::Sender<bool>>>,
     /// Workers already reported as not being MPS clients (reported once).
     reported: Mutex<BTreeSet<WorkerKey>>,
+    /// The agent's apply lock: a supervisor's restart of a daemon and its clients never runs
+    /// during an apply (which may be stopping or replacing that very daemon).
+    apply_lock: Arc<tokio::sync::Mutex<()>>,
+}
+
+fn alive(record: &DaemonRecord) -> bool {
+    match (record.pid, record.start_ticks) {
+        (Some(pid), Some(ticks)) => proc::same_process(pid, ticks),
+        (Some(pid), None) => proc::alive(pid),
+        _ => false,
+    }
 }
 
 const FAULT_POLL: Duration = Duration::from_secs(2);
@@ -80,6 +95,7 @@ impl MpsManager {
         events: Arc<Events>,
         supervisor: Arc<Supervisor>,
         driver: Arc<dyn GpuDriver>,
+        apply_lock: Arc<tokio::sync::Mutex<()>>,
     ) -> Arc<MpsManager> {
         Arc::new(MpsManager {
             settings,
@@ -89,6 +105,7 @@ impl MpsManager {
             driver,
             watchers: Mutex::new(BTreeMap::new()),
             reported: Mutex::new(BTreeSet::new()),
+            apply_lock,
         })
     }
 
@@ -103,7 +120,7 @@ impl MpsManager {
     pub fn observed(&self) -> Vec<ObservedDaemon> {
         self.records()
             .into_iter()
-            .map(|r| ObservedDaemon { running: r.state == "running" && r.pid.is_some_and(proc::alive), spec: r.spec })
+            .map(|r| ObservedDaemon { running: r.state == "running" && alive(&r), spec: r.spec })
             .collect()
     }
 
@@ -137,31 +154,69 @@ impl MpsManager {
         tokio::task::spawn_blocking(move || control.answers()).await.unwrap_or(false)
     }
 
-    /// Starts a daemon, sets its defaults before any client can come, and supervises it.
+    /// Starts a daemon and sets its defaults before any client can come, then supervises it.
+    /// Whatever answered on its pipe directory before is asked to quit first; a daemon that
+    /// started but could not be set up is quit again. A failed start is recorded (`failed`) and
+    /// its supervisor keeps retrying with backoff.
     pub async fn start(self: &Arc<Self>, spec: DaemonSpec) -> Result<(), String> {
         let control = self.control(&spec);
         let (pct, pinned) = (spec.active_thread_percentage, spec.pinned_limit_mib);
         let started = tokio::task::spawn_blocking(move || -> Result<u32, MpsError> {
+            control.quit()?;
             control.start()?;
-            control.set_defaults(pct, pinned)?;
+            if let Err(e) = control.set_defaults(pct, pinned) {
+                let _ = control.quit();
+                return Err(e);
+            }
             Ok(control.pid().unwrap_or(0))
         })
         .await
-        .map_err(|e| e.to_string())?;
-        let pid = started.map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.map_err(|e| e.to_string()));
         let restarts = self.record(&spec.name).map(|r| r.restarts).unwrap_or(0);
-        let record =
-            DaemonRecord { spec: spec.clone(), pid: Some(pid), restarts, state: "running".into(), last_error: None };
+        let (record, result) = match started {
+            Ok(pid) => (
+                DaemonRecord {
+                    spec: spec.clone(),
+                    pid: Some(pid),
+                    start_ticks: proc::start_ticks(pid),
+                    restarts,
+                    state: "running".into(),
+                    last_error: None,
+                },
+                Ok(pid),
+            ),
+            Err(e) => (
+                DaemonRecord {
+                    spec: spec.clone(),
+                    pid: None,
+                    start_ticks: None,
+                    restarts,
+                    state: "failed".into(),
+                    last_error: Some(e.clone()),
+                },
+                Err(e),
+            ),
+        };
         self.put(record).map_err(|e| e.to_string())?;
-        self.events.emit(
-            Level::Info,
-            "mps_started",
-            None,
-            Some(spec.gpu),
-            format!("MPS daemon {} (pid {pid}) on {}", spec.name, spec.device),
-        );
+        match &result {
+            Ok(pid) => self.events.emit(
+                Level::Info,
+                "mps_started",
+                None,
+                Some(spec.gpu),
+                format!("MPS daemon {} (pid {pid}) on {}", spec.name, spec.device),
+            ),
+            Err(e) => self.events.emit(
+                Level::Error,
+                "mps_start_failed",
+                None,
+                Some(spec.gpu),
+                format!("MPS daemon {}: {e}", spec.name),
+            ),
+        }
         self.supervise(spec.name.clone());
-        Ok(())
+        result.map(|_| ())
     }
 
     /// Stops supervising daemon `name` and asks it to quit (its clients must be stopped first).
@@ -187,10 +242,12 @@ impl MpsManager {
         let _ = tokio::task::spawn_blocking(move || control.terminate_client(pid)).await;
     }
 
-    /// Re-adopts the daemons an earlier agent left: a live one is supervised again; a dead one is
-    /// restarted by its supervisor straight away.
+    /// Supervises the daemons an earlier agent left (a dead one is restarted by its supervisor).
+    /// Called after the start-up apply, which replaces what the plan changed (and re-creates MIG
+    /// instances first), so no supervisor restarts a daemon on an instance that is gone.
     pub fn adopt(self: &Arc<Self>) {
-        for record in self.records() {
+        let watched: BTreeSet<String> = self.watchers.lock().expect("watchers lock").keys().cloned().collect();
+        for record in self.records().into_iter().filter(|r| !watched.contains(&r.spec.name)) {
             self.events.emit(
                 Level::Info,
                 "mps_adopted",
@@ -213,7 +270,7 @@ impl MpsManager {
 
     async fn supervise_loop(self: Arc<Self>, name: String, mut stop: watch::Receiver<bool>) {
         let mut backoff = Duration::from_secs(1);
-        let mut up_since = Instant::now();
+        let mut last_restart: Option<Instant> = None;
         loop {
             let Some(record) = self.record(&name) else { return };
             let why = tokio::select! {
@@ -224,9 +281,6 @@ impl MpsManager {
                 return;
             }
             let down_at = Instant::now();
-            if up_since.elapsed() > STABLE {
-                backoff = Duration::from_secs(1);
-            }
             self.events.emit(
                 Level::Error,
                 "mps_down",
@@ -235,31 +289,57 @@ impl MpsManager {
                 format!("MPS daemon {name}: {why}"),
             );
             self.mark(&name, "restarting", Some(why.clone()));
-            // Restart, backing off on repeated failures.
-            loop {
+            // A daemon that dies again soon after a restart waits out a growing backoff first.
+            match last_restart {
+                Some(t) if t.elapsed() < STABLE => {
+                    tokio::select! {
+                        _ = stop.changed() => return,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+                _ => backoff = Duration::from_secs(1),
+            }
+            // Restart the daemon, then its clients, between applies; an apply may have stopped or
+            // replaced the daemon meanwhile, in which case this supervisor is done.
+            let restarted = loop {
+                let _apply = self.apply_lock.lock().await;
+                if *stop.borrow() {
+                    return;
+                }
+                let Some(record) = self.record(&name) else { return };
+                if alive(&record) && record.state == "running" {
+                    break 0;
+                }
                 let control = self.control(&record.spec);
                 let (pct, pinned) = (record.spec.active_thread_percentage, record.spec.pinned_limit_mib);
                 let result = tokio::task::spawn_blocking(move || -> Result<Option<u32>, MpsError> {
                     // A faulted daemon may still run: make room for the new one.
                     control.quit()?;
                     control.start()?;
-                    control.set_defaults(pct, pinned)?;
+                    if let Err(e) = control.set_defaults(pct, pinned) {
+                        let _ = control.quit();
+                        return Err(e);
+                    }
                     Ok(control.pid())
                 })
-                .await;
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| e.to_string()));
                 match result {
-                    Ok(Ok(pid)) => {
+                    Ok(pid) => {
                         let _ = self.state.update(|s| {
                             if let Some(r) = s.mps.iter_mut().find(|r| r.spec.name == name) {
                                 r.pid = pid;
+                                r.start_ticks = pid.and_then(proc::start_ticks);
                                 r.restarts += 1;
                                 r.state = "running".into();
                             }
                         });
-                        break;
+                        break self.restart_workers(&name).await;
                     }
-                    Ok(Err(e)) => {
-                        self.mark(&name, "failed", Some(e.to_string()));
+                    Err(e) => {
+                        self.mark(&name, "failed", Some(e.clone()));
                         self.events.emit(
                             Level::Error,
                             "mps_restart_failed",
@@ -268,17 +348,15 @@ impl MpsManager {
                             format!("MPS daemon {name}: {e}; retrying in {backoff:?}"),
                         );
                     }
-                    Err(e) => self.mark(&name, "failed", Some(e.to_string())),
                 }
+                drop(_apply);
                 tokio::select! {
                     _ = stop.changed() => return,
                     _ = tokio::time::sleep(backoff) => {}
                 }
                 backoff = (backoff * 2).min(MAX_BACKOFF);
-            }
-            up_since = Instant::now();
-            backoff = (backoff * 2).min(MAX_BACKOFF);
-            let restarted = self.restart_workers(&name).await;
+            };
+            last_restart = Some(Instant::now());
             self.events.emit(
                 Level::Info,
                 "mps_recovered",
@@ -304,9 +382,11 @@ impl MpsManager {
     /// Waits until the daemon exits or its server reports FAULT, checking on the way that the
     /// daemon's workers are MPS clients; returns what went wrong.
     async fn trouble(&self, record: &DaemonRecord) -> String {
-        let Some(pid) = record.pid.filter(|p| proc::alive(*p)) else {
+        let Some(pid) = record.pid.filter(|_| alive(record)) else {
             return "its process is gone".to_string();
         };
+        // A daemon that stops answering its command interface is as good as dead.
+        let mut silent = 0;
         let exited = proc::wait_gone(pid);
         tokio::pin!(exited);
         let mut tick = tokio::time::interval(FAULT_POLL);
@@ -315,12 +395,19 @@ impl MpsManager {
                 _ = &mut exited => return format!("its process (pid {pid}) exited"),
                 _ = tick.tick() => {
                     let control = self.control(&record.spec);
-                    let fault = tokio::task::spawn_blocking(move || -> Option<u32> {
-                        let servers = control.servers().ok()?;
-                        servers.into_iter().find(|s| control.server_status(*s).is_ok_and(|st| st == "FAULT"))
-                    }).await.ok().flatten();
-                    if let Some(server) = fault {
-                        return format!("its server (pid {server}) is in FAULT");
+                    let checked = tokio::task::spawn_blocking(move || -> Result<Option<u32>, MpsError> {
+                        let servers = control.servers()?;
+                        Ok(servers.into_iter().find(|s| control.server_status(*s).is_ok_and(|st| st == "FAULT")))
+                    }).await;
+                    match checked {
+                        Ok(Ok(Some(server))) => return format!("its server (pid {server}) is in FAULT"),
+                        Ok(Ok(None)) => silent = 0,
+                        _ => {
+                            silent += 1;
+                            if silent >= 3 {
+                                return "it stopped answering its command interface".to_string();
+                            }
+                        }
                     }
                     self.check_clients(&record.spec).await;
                 }

@@ -422,6 +422,11 @@ fn read_mig_list(ctx: &mut Ctx, path: &str, node: &Node) -> Option<Vec<MigInstan
 
 /// `PROFILE` or `PROFILE@START`, as `gpuctl partition set` also takes them.
 pub fn parse_mig_item(text: &str) -> Result<MigInstance, String> {
+    // `:mps` runs an MPS daemon on the instance, as `sharing = "mps"` does in a table item.
+    let (text, mps) = match text.strip_suffix(":mps") {
+        Some(rest) => (rest, true),
+        None => (text, false),
+    };
     let (profile, start) = match text.split_once('@') {
         Some((p, s)) => {
             let start = s.parse().map_err(|_| format!("{text:?}: start {s:?} is not a slot number"))?;
@@ -432,7 +437,10 @@ pub fn parse_mig_item(text: &str) -> Result<MigInstance, String> {
     if profile.is_empty() {
         return Err(format!("{text:?}: missing profile name"));
     }
-    Ok(MigInstance { profile: profile.to_string(), start, mps: false })
+    if profile.contains(':') {
+        return Err(format!("{text:?}: the only suffix a profile takes is \":mps\""));
+    }
+    Ok(MigInstance { profile: profile.to_string(), start, mps })
 }
 
 fn read_mps_defaults(ctx: &mut Ctx, path: &str, node: &Node) -> Option<MpsDefaults> {

@@ -65,6 +65,9 @@ fn selectors() {
 fn mig_items() {
     assert_eq!(parse_mig_item("2g.35gb@4").unwrap().start, Some(4));
     assert_eq!(parse_mig_item("1g.18gb").unwrap().start, None);
+    let mps = parse_mig_item("3g.71gb@4:mps").unwrap();
+    assert_eq!((mps.profile.as_str(), mps.start, mps.mps), ("3g.71gb", Some(4), true));
+    assert!(parse_mig_item("3g.71gb:shared").is_err());
     for bad in ["@1", "3g.71gb@x", "3g.71gb@"] {
         assert!(parse_mig_item(bad).is_err(), "{bad}");
     }

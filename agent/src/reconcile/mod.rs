@@ -185,7 +185,10 @@ pub fn layouts(desired: &Desired, inventory: &Inventory) -> Layouts {
         .filter_map(|(index, d)| {
             let gpu = inventory.gpu(*index)?;
             let wants: Vec<Want> = d.mig.iter().map(|m| Want { profile: m.profile.clone(), start: m.start }).collect();
-            plan_layout(&gpu.name, &gpu.profiles, &gpu.instances, &wants).ok().map(|l| (*index, l))
+            // An instance without its compute instance (a destroy that failed halfway) is no MIG
+            // device: it does not count as existing, so it is destroyed and made anew.
+            let usable: Vec<_> = gpu.instances.iter().filter(|i| i.uuid.is_some()).cloned().collect();
+            plan_layout(&gpu.name, &gpu.profiles, &usable, &wants).ok().map(|l| (*index, l))
         })
         .collect()
 }
@@ -299,6 +302,30 @@ pub fn reconcile(
         _ => std::cmp::Ordering::Equal,
     });
     let gpu_steps = gpu_steps(desired, inventory, &layouts, owners, &mut out.disruptions);
+    // Workers a GPU change would kill are stopped before it and started again after it (an apply
+    // that would kill them is refused unless it drains), also when their own spec is unchanged.
+    for key in
+        out.disruptions.iter().flat_map(|d| d.pids.iter().filter_map(|(_, k)| k.clone())).collect::<BTreeSet<_>>()
+    {
+        let already = stops.iter().any(|s| matches!(s, Step::StopWorker { key: k, .. } if *k == key));
+        let Some(obs) = current.get(&key).filter(|o| o.active) else { continue };
+        if already {
+            continue;
+        }
+        stops.push(Step::StopWorker {
+            key: key.clone(),
+            gpu: obs.spec.gpu,
+            device: obs.spec.device.clone(),
+            pid: obs.pid,
+            reason: "drain: a GPU change would kill it".into(),
+        });
+        if let Some(spec) = wanted.get(&key) {
+            starts.push(Step::StartWorker {
+                spec: Box::new(spec.clone()),
+                reason: "drain: start again after the GPU change".into(),
+            });
+        }
+    }
     out.steps = stops;
     out.steps.extend(daemon_stops);
     out.steps.extend(gpu_steps);

@@ -227,6 +227,28 @@ impl Supervisor {
         }
     }
 
+    /// Records a worker that could not be started (its record says why), so it is never lost
+    /// from `gpuctl workers` and the next apply starts it again.
+    pub fn record_failed(&self, spec: &WorkerSpec, error: &str) {
+        let previous = self.records().into_iter().find(|r| r.spec.key == spec.key);
+        if previous.as_ref().is_some_and(|r| r.state.active()) {
+            return;
+        }
+        let record = WorkerRecord {
+            spec: spec.clone(),
+            state: WorkerState::Failed,
+            pid: None,
+            start_ticks: None,
+            restarts: previous.as_ref().map(|r| r.restarts).unwrap_or(0),
+            last_exit: Some(error.to_string()),
+            started_at_unix: now_unix(),
+            streak: previous.as_ref().map(|r| r.streak).unwrap_or(0),
+            log_tail: None,
+        };
+        let _ = self.put(record);
+        self.events.emit(Level::Error, "worker_start_failed", Some(&spec.key.model), Some(spec.gpu), error.to_string());
+    }
+
     /// Stops a worker: SIGTERM to its process group, then SIGKILL after its stop timeout.
     /// Returns once the process is gone; the record is then removed.
     pub async fn stop(self: &Arc<Self>, key: &WorkerKey) -> Result<(), WorkerError> {
