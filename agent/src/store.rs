@@ -93,6 +93,9 @@ pub struct WorkerRecord {
     /// The last lines the worker printed before it last exited.
     #[serde(default)]
     pub log_tail: Option<String>,
+    /// Its health check failed and the agent ended it: its exit counts as a failure.
+    #[serde(default)]
+    pub unhealthy: bool,
 }
 
 /// The state file and its in-memory copy. Every change goes through [`StateFile::update`].

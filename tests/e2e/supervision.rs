@@ -185,3 +185,36 @@ fn logs_stop_and_restart_of_one_model() {
     follow.wait().unwrap();
     assert_eq!(agent.gpuctl(&["diff", "-f", &file]).code, 0, "restarted workers match the plan");
 }
+
+/// Two distinct free ports (both held while the second is chosen, so they differ).
+fn free_ports() -> (u16, u16) {
+    let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let b = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    (a.local_addr().unwrap().port(), b.local_addr().unwrap().port())
+}
+
+/// Health checks: a worker is `starting` until its check answers, then `running`; one that never
+/// becomes healthy is ended and its restart policy decides.
+#[test]
+fn health_checks_gate_running_and_end_unhealthy_workers() {
+    let agent = agent();
+    let (up, down) = free_ports();
+    let text = format!(
+        "version = 1\n[[gpus]]\nselect = \"0\"\nsharing = \"time-slicing\"\n\
+         [[models]]\nname = \"up\"\ncommand = [\"{tw}\", \"--listen\", \"{up}\"]\nmemory = \"1GiB\"\nhealth = {{ http = \"http://127.0.0.1:{up}/healthz\", interval = \"200ms\" }}\n\
+         [[models]]\nname = \"down\"\ncommand = [\"{tw}\"]\nmemory = \"1GiB\"\nrestart = \"never\"\nstop_timeout = \"1s\"\nhealth = {{ tcp = \"127.0.0.1:{down}\", interval = \"100ms\", start_timeout = \"600ms\" }}\n",
+        tw = testworker()
+    );
+    let file = agent.write_plan("h.toml", &text);
+    assert_eq!(agent.gpuctl(&["apply", "-f", &file]).code, 0);
+    let state = |model: &str| agent.worker_pids().into_iter().find(|w| w.0 == model).map(|w| w.3).unwrap_or_default();
+    assert_eq!(state("down"), "starting", "not running before it is healthy");
+    agent.wait_for("up to become running", 10, || state("up") == "running");
+    agent.wait_for("down to be ended", 10, || state("down") == "failed");
+    let events = agent.gpuctl(&["events"]).stdout;
+    assert!(events.contains("worker_healthy") && events.contains("worker up/0"), "{events}");
+    assert!(events.contains("not healthy within 600 ms"), "{events}");
+    let w = agent.gpuctl(&["-o", "json", "workers"]).json();
+    let down = w["workers"].as_array().unwrap().iter().find(|w| w["model"] == "down").unwrap().clone();
+    assert!(down["last_exit"].as_str().unwrap().starts_with("ended after failing its health check"), "{down}");
+}

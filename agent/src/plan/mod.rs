@@ -175,6 +175,8 @@ pub struct Health {
     pub interval: Duration,
     pub timeout: Duration,
     pub failure_threshold: u32,
+    /// How long a starting worker may take to become healthy before it is restarted.
+    pub start_timeout: Duration,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]

@@ -676,7 +676,9 @@ fn read_health(ctx: &mut Ctx, path: &str, node: &Node) -> Option<Health> {
     let timeout = f.take("timeout").and_then(|(p, n)| duration(ctx, &p, n)).unwrap_or(Duration::from_secs(2));
     let failure_threshold =
         f.take("failure_threshold").and_then(|(p, n)| integer(ctx, &p, n, 1..=100)).unwrap_or(3) as u32;
-    f.finish(ctx, &["http", "tcp", "interval", "timeout", "failure_threshold"]);
+    let start_timeout =
+        f.take("start_timeout").and_then(|(p, n)| duration(ctx, &p, n)).unwrap_or(Duration::from_secs(300));
+    f.finish(ctx, &["http", "tcp", "interval", "timeout", "failure_threshold", "start_timeout"]);
     let probe = match (http, tcp) {
         (Some((url, _)), None) => HealthProbe::Http(url),
         (None, Some(addr)) => HealthProbe::Tcp(addr),
@@ -693,7 +695,7 @@ fn read_health(ctx: &mut Ctx, path: &str, node: &Node) -> Option<Health> {
             return None;
         }
     };
-    (ctx.problems.len() == before).then_some(Health { probe, interval, timeout, failure_threshold })
+    (ctx.problems.len() == before).then_some(Health { probe, interval, timeout, failure_threshold, start_timeout })
 }
 
 fn read_limits(ctx: &mut Ctx, path: &str, node: &Node) -> Option<Limits> {

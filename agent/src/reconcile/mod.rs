@@ -9,7 +9,7 @@ use crate::inventory::Inventory;
 use crate::mig::{Planned, Want, plan_layout};
 use crate::mps::{DaemonSpec, ObservedDaemon};
 use crate::plan::check::Desired;
-use crate::plan::{Health, Limits, Restart, Sharing};
+use crate::plan::{Health, HealthProbe, Limits, Restart, Sharing};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -55,8 +55,24 @@ pub struct WorkerSpec {
     pub restart: String,
     #[serde(with = "millis")]
     pub stop_timeout: Duration,
-    pub health: Option<String>,
+    pub health: Option<HealthSpec>,
     pub limits: Option<String>,
+}
+
+/// A worker's health check, as its spec carries it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HealthSpec {
+    /// `http://host:port/path`: healthy on a 2xx answer.
+    pub http: Option<String>,
+    /// `host:port`: healthy when a connection opens.
+    pub tcp: Option<String>,
+    #[serde(with = "millis")]
+    pub interval: Duration,
+    #[serde(with = "millis")]
+    pub timeout: Duration,
+    pub failure_threshold: u32,
+    #[serde(with = "millis")]
+    pub start_timeout: Duration,
 }
 
 /// Durations as whole milliseconds in the state file.
@@ -509,7 +525,7 @@ fn worker_spec(desired: &Desired, inventory: &Inventory, layouts: &Layouts, a: &
         compute: model.compute,
         restart: restart_name(model.restart).to_string(),
         stop_timeout: model.stop_timeout,
-        health: model.health.as_ref().map(health_text),
+        health: model.health.as_ref().map(health_spec),
         limits: limits_text(&model.limits),
     })
 }
@@ -522,8 +538,19 @@ fn restart_name(r: Restart) -> &'static str {
     }
 }
 
-fn health_text(h: &Health) -> String {
-    format!("{:?} every {:?} timeout {:?} threshold {}", h.probe, h.interval, h.timeout, h.failure_threshold)
+fn health_spec(h: &Health) -> HealthSpec {
+    let (http, tcp) = match &h.probe {
+        HealthProbe::Http(url) => (Some(url.clone()), None),
+        HealthProbe::Tcp(addr) => (None, Some(addr.clone())),
+    };
+    HealthSpec {
+        http,
+        tcp,
+        interval: h.interval,
+        timeout: h.timeout,
+        failure_threshold: h.failure_threshold,
+        start_timeout: h.start_timeout,
+    }
 }
 
 fn limits_text(l: &Limits) -> Option<String> {

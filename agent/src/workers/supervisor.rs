@@ -100,6 +100,9 @@ impl Supervisor {
                         format!("adopted worker {key} (pid {pid})"),
                     );
                     self.watch(key.clone(), pid);
+                    if let Some(health) = rec.spec.health.clone() {
+                        self.check_health(key.clone(), pid, health);
+                    }
                     if rec.state == WorkerState::Stopping {
                         interrupted.push(key);
                     }
@@ -177,9 +180,10 @@ impl Supervisor {
         match spawn::spawn(&spec, user.as_deref(), &self.log_path(&key), &self.mps_runtime) {
             Ok(spawned) => {
                 let pid = spawned.pid;
+                // A worker with a health check counts as running only once healthy.
                 let record = WorkerRecord {
                     spec: spec.clone(),
-                    state: WorkerState::Running,
+                    state: if spec.health.is_some() { WorkerState::Starting } else { WorkerState::Running },
                     pid: Some(pid),
                     start_ticks: proc::start_ticks(pid),
                     restarts,
@@ -187,11 +191,15 @@ impl Supervisor {
                     started_at_unix: now_unix(),
                     streak,
                     log_tail: None,
+                    unhealthy: false,
                 };
                 // Watch it even if the state file cannot be written: the in-memory record holds
                 // it, and an unwatched process would never be reaped or reported.
                 let stored = self.put(record);
                 self.watch(key.clone(), pid);
+                if let Some(health) = spec.health.clone() {
+                    self.check_health(key.clone(), pid, health);
+                }
                 stored?;
                 self.events.emit(
                     Level::Info,
@@ -213,6 +221,7 @@ impl Supervisor {
                     started_at_unix: now_unix(),
                     streak,
                     log_tail: None,
+                    unhealthy: false,
                 };
                 self.put(record)?;
                 self.events.emit(
@@ -244,6 +253,7 @@ impl Supervisor {
             started_at_unix: now_unix(),
             streak: previous.as_ref().map(|r| r.streak).unwrap_or(0),
             log_tail: None,
+            unhealthy: false,
         };
         let _ = self.put(record);
         self.events.emit(Level::Error, "worker_start_failed", Some(&spec.key.model), Some(spec.gpu), error.to_string());
@@ -356,6 +366,78 @@ impl Supervisor {
         self.state.update(|s| s.workers.retain(|r| r.state.active() || keep.contains(&r.spec.key)))
     }
 
+    /// Probes a worker's health: `starting` turns `running` at the first healthy answer; a
+    /// worker that is not healthy within its start timeout, or fails `failure_threshold` checks in
+    /// a row once it was, is ended (SIGTERM, SIGKILL after its stop timeout) and its restart
+    /// policy decides what comes next.
+    fn check_health(self: &Arc<Self>, key: WorkerKey, pid: u32, health: crate::reconcile::HealthSpec) {
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let mut failures = 0u32;
+            let mut healthy_once = false;
+            loop {
+                // While starting, look often, so a ready worker is `running` soon.
+                let pause =
+                    if healthy_once { health.interval } else { health.interval.min(Duration::from_millis(200)) };
+                tokio::time::sleep(pause).await;
+                let Some(record) = me.records().into_iter().find(|r| r.spec.key == key) else { return };
+                if record.pid != Some(pid) || !matches!(record.state, WorkerState::Starting | WorkerState::Running) {
+                    return;
+                }
+                match super::health::probe(&health).await {
+                    Ok(()) => {
+                        failures = 0;
+                        if !healthy_once {
+                            healthy_once = true;
+                            let _ = me.set(&key, |r| {
+                                if r.pid == Some(pid) && r.state == WorkerState::Starting {
+                                    r.state = WorkerState::Running;
+                                }
+                            });
+                            me.events.emit(
+                                Level::Info,
+                                "worker_healthy",
+                                Some(&key.model),
+                                Some(record.spec.gpu),
+                                format!(
+                                    "worker {key} (pid {pid}) is healthy after {} ms",
+                                    started.elapsed().as_millis()
+                                ),
+                            );
+                        }
+                    }
+                    Err(e) => {
+                        failures += 1;
+                        let give_up = if healthy_once {
+                            failures >= health.failure_threshold
+                        } else {
+                            started.elapsed() >= health.start_timeout
+                        };
+                        if !give_up {
+                            continue;
+                        }
+                        let why = if healthy_once {
+                            format!("{failures} health checks failed in a row ({e})")
+                        } else {
+                            format!("not healthy within {} ms ({e})", health.start_timeout.as_millis())
+                        };
+                        me.events.emit(
+                            Level::Error,
+                            "worker_unhealthy",
+                            Some(&key.model),
+                            Some(record.spec.gpu),
+                            format!("worker {key} (pid {pid}): {why}; ending it"),
+                        );
+                        let _ = me.set(&key, |r| r.unhealthy = r.pid == Some(pid));
+                        let _ = me.terminate(&key, pid, &record).await;
+                        return;
+                    }
+                }
+            }
+        });
+    }
+
     fn watch(self: &Arc<Self>, key: WorkerKey, pid: u32) {
         let me = Arc::clone(self);
         tokio::spawn(async move {
@@ -380,9 +462,10 @@ impl Supervisor {
                 return false;
             }
             let ran_for = Duration::from_secs(now_unix().saturating_sub(r.started_at_unix).max(0) as u64);
+            let success = exit.success() && !r.unhealthy;
             let decision = restart::decide(
                 &r.spec.restart,
-                exit.success(),
+                success,
                 ran_for,
                 r.streak,
                 self.policy.restart_backoff,
@@ -397,9 +480,12 @@ impl Supervisor {
                     r.streak = streak;
                     WorkerState::Failed
                 }
-                restart::Decision::Stay if exit.success() => WorkerState::Stopped,
+                restart::Decision::Stay if success => WorkerState::Stopped,
                 restart::Decision::Stay => WorkerState::Failed,
             };
+            if r.unhealthy {
+                r.last_exit = Some(format!("ended after failing its health check; {exit}"));
+            }
             outcome = Some((r.spec.gpu, decision));
             true
         });
