@@ -304,6 +304,10 @@ impl Supervisor {
         }
         if let Some((state, reason)) = keep {
             self.set(key, |r| {
+                // An operator's stop or restart ends a crash loop's count.
+                if state == WorkerState::Stopped {
+                    r.streak = 0;
+                }
                 r.state = state;
                 r.pid = None;
                 r.last_exit = Some(reason);
