@@ -299,6 +299,7 @@ impl AgentRpc for Rpc {
                 workers: view.workers.iter().filter(|w| w.spec.gpu == g.gpu.index && w.state.active()).count() as u32,
                 memory_total_mib: g.gpu.memory_total_mib,
                 memory_used_mib: g.gpu.memory_used_mib,
+                drained: view.state.drained.contains(&g.gpu.index),
             })
             .collect();
         let settings = &self.agent.settings;
@@ -423,6 +424,18 @@ impl AgentRpc for Rpc {
             }
         });
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+
+    type DrainStream = ApplyStream;
+
+    async fn drain(&self, req: Request<pb::DrainRequest>) -> Result<Response<Self::DrainStream>, Status> {
+        let req = req.into_inner();
+        let text = self.agent.stored_plan().map(|p| p.text).unwrap_or_else(|| "version = 1\n".into());
+        let verb = if req.undrain { "undrain" } else { "drain" };
+        let source = format!("gpuctl {verb} {}", req.gpu);
+        let input = PlanInput::Drain { gpu: req.gpu, drain: !req.undrain };
+        // Draining stops the GPU's workers by definition: the apply drains.
+        stream_apply(&self.agent, text, source, input, false, true).await.map(Response::new)
     }
 
     async fn model_action(

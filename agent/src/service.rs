@@ -46,6 +46,7 @@ pub struct Agent {
 
 /// A validated plan and what applying it would do.
 pub struct Prepared {
+    pub unplaced: Vec<reconcile::Unplaced>,
     pub desired: Desired,
     pub steps: Vec<Step>,
     pub disruptions: Vec<reconcile::Disruption>,
@@ -365,10 +366,16 @@ impl Agent {
             return Err(AgentError::InvalidPlan(parsed.problems));
         }
         let inventory = self.inventory().await?;
-        let (desired, mut problems) = check::check(&parsed.plan, &parsed.spans, &inventory, &self.settings.workers);
+        let (mut desired, mut problems) = check::check(&parsed.plan, &parsed.spans, &inventory, &self.settings.workers);
         problems.splice(0..0, parsed.problems);
         if !problems.is_empty() {
             return Err(AgentError::InvalidPlan(problems));
+        }
+        // Drained GPUs are out of the plan's reach: left as they are, nothing placed there.
+        let drained = self.state.snapshot().drained;
+        if !drained.is_empty() {
+            desired.gpus.retain(|gpu, _| !drained.contains(gpu));
+            desired.tolerate_unplaced = true;
         }
         let observed = self.supervisor.observed();
         let pids: Vec<u32> = inventory.gpus.iter().flat_map(|g| g.processes.iter().map(|p| p.pid)).collect();
@@ -395,6 +402,7 @@ impl Agent {
             )
         })?;
         Ok(Prepared {
+            unplaced: reconciled.unplaced,
             desired,
             steps: reconciled.steps,
             disruptions: reconciled.disruptions,
@@ -461,6 +469,24 @@ impl Agent {
         let (text, source) = match input {
             PlanInput::Text { text, source } => (text, source),
             PlanInput::Partition { gpu, layout } => self.partition_plan(&gpu, layout.as_deref()).await?,
+            PlanInput::Drain { gpu, drain } => {
+                let inventory = self.inventory().await?;
+                let index = inventory
+                    .find(&gpu)
+                    .map(|g| g.index)
+                    .ok_or_else(|| AgentError::NotFound(format!("no GPU {gpu:?} on this host")))?;
+                self.state.update(|s| {
+                    if drain {
+                        s.drained.insert(index);
+                    } else {
+                        s.drained.remove(&index);
+                    }
+                })?;
+                let verb = if drain { "drain" } else { "undrain" };
+                let plan = self.stored_plan();
+                let text = plan.map(|p| p.text).unwrap_or_else(|| "version = 1\n".into());
+                (text, format!("gpuctl {verb} {index}"))
+            }
         };
         let (text, source) = (text.as_str(), source.as_str());
         let prepared = self.prepare(text, source).await?;
@@ -504,6 +530,15 @@ impl Agent {
         })?;
         let level = if ok { Level::Info } else { Level::Error };
         self.events.emit(level, "apply_finished", None, None, format!("{source}: {message}"));
+        for u in &prepared.unplaced {
+            self.events.emit(
+                Level::Warning,
+                "worker_unplaced",
+                Some(&u.model),
+                None,
+                format!("{}/{} does not run while GPUs are drained: {}", u.model, u.replica, u.reason),
+            );
+        }
         Ok(outcome)
     }
 
@@ -579,8 +614,19 @@ impl Agent {
 /// What an apply applies: a plan's text, or the stored plan with one GPU's MIG layout replaced
 /// (`None`: MIG off).
 pub enum PlanInput {
-    Text { text: String, source: String },
-    Partition { gpu: String, layout: Option<Vec<String>> },
+    Text {
+        text: String,
+        source: String,
+    },
+    Partition {
+        gpu: String,
+        layout: Option<Vec<String>>,
+    },
+    /// The stored plan again, after drain (or undrain) of one GPU.
+    Drain {
+        gpu: String,
+        drain: bool,
+    },
 }
 
 // Short-lived values passed to a callback: boxing the common variant would buy nothing.

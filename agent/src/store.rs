@@ -30,6 +30,10 @@ pub struct AgentState {
     /// MPS daemons the agent runs.
     #[serde(default)]
     pub mps: Vec<crate::mps::daemons::DaemonRecord>,
+    /// GPUs drained by `gpuctl drain`: no worker is placed there and the plan leaves them as they
+    /// are, until `gpuctl undrain`.
+    #[serde(default)]
+    pub drained: std::collections::BTreeSet<u32>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

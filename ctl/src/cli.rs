@@ -73,6 +73,10 @@ pub enum Command {
         #[arg(long, default_value_t = 0)]
         tail: u32,
     },
+    /// Stop the workers on one GPU and keep it out of placement (others keep running)
+    Drain { gpu: String },
+    /// Put a drained GPU back into placement
+    Undrain { gpu: String },
     /// Restart one model's workers, one replica at a time
     Restart { model: String },
     /// Stop one model's workers now (they stay stopped until the next apply)

@@ -290,3 +290,52 @@ fn an_interrupted_stop_is_finished_after_a_restart() {
     assert_ne!(workers[0].2, Some(pid));
     assert_eq!(workers[0].3, "running");
 }
+
+/// `gpuctl drain GPU` stops the workers on that GPU (others keep running), places them elsewhere
+/// where there is room, and keeps the GPU out of placement until `gpuctl undrain`.
+#[test]
+fn drain_and_undrain_a_gpu() {
+    let agent = Agent::start("h200:2");
+    let text = "version = 1\n[[gpus]]\nselect = \"all\"\nsharing = \"time-slicing\"\n\
+                [[models]]\nname = \"small\"\ncommand = [\"/usr/bin/sleep\", \"600\"]\nmemory = \"10GiB\"\nreplicas = 2\n\
+                [[models]]\nname = \"big\"\ncommand = [\"/usr/bin/sleep\", \"600\"]\nmemory = \"100GiB\"\nreplicas = 2\n";
+    let file = agent.write_plan("d.toml", text);
+    assert_eq!(agent.gpuctl(&["apply", "-f", &file]).code, 0);
+    let on = |gpu: u64| -> Vec<(String, u64)> {
+        let w = agent.gpuctl(&["-o", "json", "workers"]).json();
+        w["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|w| w["gpu"] == gpu && w["state"] == "running")
+            .map(|w| (format!("{}/{}", w["model"].as_str().unwrap(), w["replica"]), w["pid"].as_u64().unwrap()))
+            .collect()
+    };
+    let gpu0_before = on(0);
+    assert_eq!(on(1).len(), 2, "small/1 and big/1 on GPU 1");
+
+    let out = agent.gpuctl(&["drain", "1"]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(on(1).is_empty(), "nothing runs on the drained GPU");
+    // What was on GPU 0 is untouched; small/1 moved to GPU 0; big/1 has no room there.
+    let gpu0 = on(0);
+    for w in &gpu0_before {
+        assert!(gpu0.contains(w), "{w:?} kept running: {gpu0:?}");
+    }
+    assert!(gpu0.iter().any(|(k, _)| k == "small/1"), "{gpu0:?}");
+    assert!(!gpu0.iter().any(|(k, _)| k == "big/1"));
+    let status = agent.gpuctl(&["-o", "json", "status"]).json();
+    assert_eq!(status["gpus"][1]["drained"], true);
+    assert!(agent.gpuctl(&["events"]).stdout.contains("big/1 does not run while GPUs are drained"));
+
+    let out = agent.gpuctl(&["undrain", "1"]);
+    assert_eq!(out.code, 0, "{out:?}");
+    let gpu1 = on(1);
+    assert_eq!(
+        gpu1.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+        ["big/1"],
+        "big/1 runs again where there is room"
+    );
+    assert_eq!(agent.gpuctl(&["-o", "json", "status"]).json()["gpus"][1]["drained"], false);
+    assert_eq!(agent.gpuctl(&["diff", "-f", &file]).code, 0);
+}

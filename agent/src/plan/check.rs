@@ -17,6 +17,9 @@ use std::path::Path;
 pub struct Desired {
     pub gpus: BTreeMap<u32, DesiredGpu>,
     pub models: Vec<Model>,
+    /// Replicas with no room may stay unplaced (not running) instead of refusing the plan: while
+    /// GPUs are drained, the plan's full size may not fit.
+    pub tolerate_unplaced: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -53,7 +56,7 @@ pub fn check(plan: &Plan, spans: &Spans, inventory: &Inventory, policy: &WorkerP
     // `select = "all"` over identical GPUs would say the same thing once per GPU.
     let mut seen = std::collections::BTreeSet::new();
     problems.retain(|p| seen.insert((p.path.clone(), p.message.clone())));
-    (Desired { gpus, models: plan.models.clone() }, problems)
+    (Desired { gpus, models: plan.models.clone(), tolerate_unplaced: false }, problems)
 }
 
 fn check_gpus(

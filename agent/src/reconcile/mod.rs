@@ -180,6 +180,8 @@ pub struct Disruption {
 pub struct Reconciled {
     pub steps: Vec<Step>,
     pub disruptions: Vec<Disruption>,
+    /// Replicas left without a device (only when the desired state tolerates it).
+    pub unplaced: Vec<Unplaced>,
 }
 
 /// Placement failed for some replicas; nothing may change.
@@ -228,7 +230,7 @@ pub fn reconcile(
         .map(|o| (o.spec.key.clone(), (o.spec.gpu, o.spec.instance.clone())))
         .collect();
     let placement = place::place(desired, inventory, &layouts, &keep);
-    if !placement.unplaced.is_empty() {
+    if !placement.unplaced.is_empty() && !desired.tolerate_unplaced {
         return Err(PlacementError { unplaced: placement.unplaced });
     }
     let wanted: BTreeMap<WorkerKey, WorkerSpec> = placement
@@ -237,7 +239,7 @@ pub fn reconcile(
         .filter_map(|a| worker_spec(desired, inventory, &layouts, a).map(|s| (s.key.clone(), s)))
         .collect();
 
-    let mut out = Reconciled::default();
+    let mut out = Reconciled { unplaced: placement.unplaced.clone(), ..Reconciled::default() };
     let mut stops = Vec::new();
     let mut starts = Vec::new();
     // MPS daemons: one per `mps` device; a changed one is restarted (defaults apply only to a new

@@ -28,6 +28,8 @@ pub async fn dispatch(cli: Cli, out: &mut dyn Write, err: &mut dyn Write) -> Res
         Command::Logs { model, replica, follow, tail } => {
             logs::logs(&cli.global, &model, replica, follow, tail, out).await
         }
+        Command::Drain { gpu } => partition::drain(&cli.global, &gpu, false, json, out, err).await,
+        Command::Undrain { gpu } => partition::drain(&cli.global, &gpu, true, json, out, err).await,
         Command::Restart { model } => logs::action(&cli.global, &model, "restart", json, out).await,
         Command::Stop { model } => logs::action(&cli.global, &model, "stop", json, out).await,
     }

@@ -28,6 +28,20 @@ pub async fn run(
     follow(stream, change.dry_run, as_json, out, err).await
 }
 
+/// `gpuctl drain GPU` / `gpuctl undrain GPU`.
+pub async fn drain(
+    global: &Global,
+    gpu: &str,
+    undrain: bool,
+    as_json: bool,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<Exit, CtlError> {
+    let mut c = client::connect(global).await?;
+    let stream = c.drain(pb::DrainRequest { gpu: gpu.to_string(), undrain }).await.map_err(rpc_error)?.into_inner();
+    follow(stream, false, as_json, out, err).await
+}
+
 /// Free memory slices of a GPU as runs "start-end".
 fn free_slices(g: &pb::Gpu) -> Vec<String> {
     let used: u32 = g.instances.iter().fold(0, |m, i| m | (((1u32 << i.size) - 1) << i.start));

@@ -22,7 +22,7 @@ pub async fn run(global: &Global, as_json: bool, out: &mut dyn Write) -> Result<
                 "index": g.index, "uuid": g.uuid, "name": g.name,
                 "sharing": (!g.sharing.is_empty()).then_some(&g.sharing),
                 "mig": {"current": g.mig_current, "pending": g.mig_pending},
-                "mig_instances": g.mig_instances, "workers": g.workers,
+                "mig_instances": g.mig_instances, "workers": g.workers, "drained": g.drained,
                 "memory_mib": g.memory_total_mib, "memory_used_mib": g.memory_used_mib,
             })).collect::<Vec<_>>(),
             "workers": {"total": workers.total, "running": workers.running, "starting": workers.starting, "stopped": workers.stopped, "failed": workers.failed},
@@ -66,7 +66,11 @@ pub async fn run(global: &Global, as_json: bool, out: &mut dyn Write) -> Result<
             vec![
                 g.index.to_string(),
                 g.name.clone(),
-                if g.sharing.is_empty() { "(unmanaged)".into() } else { g.sharing.clone() },
+                match (g.drained, g.sharing.is_empty()) {
+                    (true, _) => "(drained)".into(),
+                    (false, true) => "(unmanaged)".into(),
+                    (false, false) => g.sharing.clone(),
+                },
                 mig_word(g.mig_current, g.mig_pending),
                 g.mig_instances.to_string(),
                 g.workers.to_string(),
