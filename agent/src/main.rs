@@ -49,6 +49,13 @@ fn simulate_host(spec: &str, settings: &mut Settings) -> Result<std::path::PathB
     // SAFETY: no other thread exists yet; the runtime is built after this returns.
     unsafe { simulate::export_state_path(&state) };
     settings.device_dir = gpu_sim::device_dir(&state);
+    // Simulated hosts share the machine's cgroup fs: each keeps its workers' cgroups apart.
+    if let Some((_, parent)) = &mut settings.cgroups {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::hash::DefaultHasher::new();
+        settings.state_dir.hash(&mut h);
+        *parent = format!("{parent}-sim-{:08x}", h.finish() as u32);
+    }
     simulate::prepare_mps(settings, &state)?;
     settings.nvml_library.clone().map(Ok).unwrap_or_else(simulate::find_library)
 }

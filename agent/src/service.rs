@@ -81,6 +81,7 @@ impl Agent {
             settings.workers.clone(),
             settings.state_dir.join("logs"),
             settings.runtime_dir.clone(),
+            settings.cgroups.clone(),
         );
         let apply_lock = Arc::new(tokio::sync::Mutex::new(()));
         let mps = MpsManager::new(

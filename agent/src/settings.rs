@@ -83,6 +83,10 @@ pub struct FileSettings {
     /// How long a time-slicing worker may stay above its GPU memory budget before the agent stops
     /// it (default "10s").
     pub memory_grace: Option<String>,
+    /// Where cgroup file systems are mounted (default /sys/fs/cgroup); "" turns worker cgroups off.
+    pub cgroup_root: Option<PathBuf>,
+    /// The group that holds the workers' cgroups (default "gpu-agent").
+    pub cgroup_parent: Option<String>,
     pub mps_control: Option<PathBuf>,
     pub runtime_dir: Option<PathBuf>,
 }
@@ -125,6 +129,8 @@ pub struct Settings {
     pub runtime_dir: PathBuf,
     /// Extra environment for MPS daemons (the simulated driver's state path under --simulate).
     pub mps_env: Vec<(String, String)>,
+    /// Worker cgroups: the hierarchy found under `cgroup_root` and the parent group.
+    pub cgroups: Option<(crate::workers::cgroup::Hierarchy, String)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -184,7 +190,15 @@ impl Settings {
             mps_control: flags.mps_control.or(file.mps_control).unwrap_or_else(|| "nvidia-cuda-mps-control".into()),
             runtime_dir: flags.runtime_dir.or(file.runtime_dir).unwrap_or_else(|| "/run/gpu-agent".into()),
             mps_env: Vec::new(),
+            cgroups: None,
         };
+        let mut settings = settings;
+        let root = file.cgroup_root.clone().unwrap_or_else(|| "/sys/fs/cgroup".into());
+        // Cgroups need root; without a usable hierarchy workers run without them (said at start).
+        if running_as_root && !root.as_os_str().is_empty() {
+            let parent = file.cgroup_parent.clone().unwrap_or_else(|| "gpu-agent".into());
+            settings.cgroups = crate::workers::cgroup::detect(&root).map(|h| (h, parent));
+        }
         // Refuse rather than silently ignore what this version cannot serve yet.
         if settings.metrics_listen.is_some() {
             return Err(SettingsError::NotYet { what: "--metrics-listen (Prometheus metrics)" });

@@ -218,3 +218,44 @@ fn health_checks_gate_running_and_end_unhealthy_workers() {
     let down = w["workers"].as_array().unwrap().iter().find(|w| w["model"] == "down").unwrap().clone();
     assert!(down["last_exit"].as_str().unwrap().starts_with("ended after failing its health check"), "{down}");
 }
+
+/// Each worker runs in a cgroup of its own with its model's limits; stopping it kills the whole
+/// cgroup (also children that left its session) and removes it.
+#[test]
+fn workers_run_in_their_own_cgroup_with_their_limits() {
+    let agent = agent();
+    let text = format!(
+        "version = 1\n[[gpus]]\nselect = \"0\"\nsharing = \"time-slicing\"\n[[models]]\nname = \"boxed\"\ncommand = [\"{}\", \"--fork\", \"2\"]\nmemory = \"1GiB\"\nlimits = {{ memory = \"64MiB\", cpu = 0.5, pids = 32 }}\n",
+        testworker()
+    );
+    let file = agent.write_plan("cg.toml", &text);
+    assert_eq!(agent.gpuctl(&["apply", "-f", &file]).code, 0);
+    let pid = agent.worker_pids()[0].2.unwrap();
+    // Where is it? /proc/PID/cgroup: "0::/path" (v2) or "N:memory:/path" (v1).
+    let groups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    let v2 = std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    let (dir, mem_file, mem_want) = if v2 {
+        let path = groups.lines().find_map(|l| l.strip_prefix("0::")).unwrap();
+        (format!("/sys/fs/cgroup{path}"), "memory.max", "67108864")
+    } else {
+        let path = groups.lines().find_map(|l| l.split_once(":memory:").map(|(_, p)| p)).unwrap();
+        (format!("/sys/fs/cgroup/memory{path}"), "memory.limit_in_bytes", "67108864")
+    };
+    assert!(dir.contains("gpu-agent-sim-") && dir.ends_with("/boxed.0"), "{dir}");
+    assert_eq!(std::fs::read_to_string(format!("{dir}/{mem_file}")).unwrap().trim(), mem_want);
+    let pids_dir = if v2 { dir.clone() } else { dir.replace("/memory/", "/pids/") };
+    assert_eq!(std::fs::read_to_string(format!("{pids_dir}/pids.max")).unwrap().trim(), "32");
+    if !v2 {
+        let cpu_dir = dir.replace("/memory/", "/cpu/");
+        assert_eq!(std::fs::read_to_string(format!("{cpu_dir}/cpu.cfs_quota_us")).unwrap().trim(), "50000");
+    }
+    agent.wait_for("the children in the cgroup", 10, || {
+        std::fs::read_to_string(format!("{dir}/cgroup.procs")).unwrap().lines().count() >= 3
+    });
+    let members: Vec<u64> =
+        std::fs::read_to_string(format!("{dir}/cgroup.procs")).unwrap().lines().map(|l| l.parse().unwrap()).collect();
+    let empty = agent.write_plan("e.toml", "version = 1\n");
+    assert_eq!(agent.gpuctl(&["apply", "-f", &empty]).code, 0);
+    agent.wait_for("every member gone", 10, || members.iter().all(|p| !alive(*p)));
+    agent.wait_for("the cgroup removed", 10, || !std::path::Path::new(&dir).exists());
+}

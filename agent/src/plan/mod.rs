@@ -179,7 +179,7 @@ pub struct Health {
     pub start_timeout: Duration,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, serde::Deserialize)]
 pub struct Limits {
     pub memory: Option<u64>,
     pub cpu: Option<f64>,

@@ -56,7 +56,9 @@ pub struct WorkerSpec {
     #[serde(with = "millis")]
     pub stop_timeout: Duration,
     pub health: Option<HealthSpec>,
-    pub limits: Option<String>,
+    /// Host memory, CPU and pids limits of its cgroup.
+    #[serde(default)]
+    pub limits: Limits,
 }
 
 /// A worker's health check, as its spec carries it.
@@ -528,7 +530,7 @@ fn worker_spec(desired: &Desired, inventory: &Inventory, layouts: &Layouts, a: &
         restart: restart_name(model.restart).to_string(),
         stop_timeout: model.stop_timeout,
         health: model.health.as_ref().map(health_spec),
-        limits: limits_text(&model.limits),
+        limits: model.limits.clone(),
     })
 }
 
@@ -553,10 +555,6 @@ fn health_spec(h: &Health) -> HealthSpec {
         failure_threshold: h.failure_threshold,
         start_timeout: h.start_timeout,
     }
-}
-
-fn limits_text(l: &Limits) -> Option<String> {
-    (l != &Limits::default()).then(|| format!("memory={:?} cpu={:?} pids={:?}", l.memory, l.cpu, l.pids))
 }
 
 #[cfg(test)]

@@ -91,7 +91,10 @@ pub fn spawn(
     user: Option<&str>,
     log_path: &Path,
     mps_runtime: &Path,
+    cgroup: &[std::os::fd::OwnedFd],
 ) -> Result<Spawned, SpawnError> {
+    use std::os::fd::AsRawFd;
+    let cgroup_fds: Vec<i32> = cgroup.iter().map(|fd| fd.as_raw_fd()).collect();
     let worker = spec.key.to_string();
     let identity = user.map(|u| resolve_user(&worker, u)).transpose()?;
     // Switching users needs root; running as ourselves needs no switch at all.
@@ -129,6 +132,13 @@ pub fn spawn(
         if unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) } != 0 {
             return Err(std::io::Error::last_os_error());
         }
+        // Join the worker's cgroup first, so everything it ever starts is inside.
+        for fd in &cgroup_fds {
+            // SAFETY: write(2) of one byte from a static buffer to a descriptor opened before the fork.
+            if unsafe { libc::write(*fd, b"0".as_ptr().cast(), 1) } != 1 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
         nix::unistd::setsid()?;
         // No setuid binary or file capability can raise a worker's privileges.
         // SAFETY: prctl with PR_SET_NO_NEW_PRIVS takes integers only.
@@ -144,7 +154,7 @@ pub fn spawn(
         nix::unistd::chdir(workdir_c.as_c_str())?;
         Ok(())
     };
-    // SAFETY: `in_child` makes only async-signal-safe calls (close_range, setsid, prctl,
+    // SAFETY: `in_child` makes only async-signal-safe calls (close_range, write, setsid, prctl,
     // setgroups, setgid, setuid, chdir) and allocates nothing, as code between fork and exec must.
     unsafe {
         cmd.pre_exec(in_child);

@@ -35,6 +35,8 @@ pub struct Supervisor {
     log_dir: PathBuf,
     /// Where MPS daemons keep their pipe directories (for `mps`-tier workers' environment).
     mps_runtime: PathBuf,
+    /// Cgroups of workers: the hierarchy and the parent group (None: no usable cgroup fs).
+    cgroups: Option<(super::cgroup::Hierarchy, String)>,
     /// Bumped whenever any worker's process exits, so stoppers can wait for it.
     exits: watch::Sender<u64>,
     /// Where restarts due under a worker's restart policy go (the agent starts them, through the
@@ -66,6 +68,7 @@ impl Supervisor {
         policy: WorkerPolicy,
         log_dir: PathBuf,
         mps_runtime: PathBuf,
+        cgroups: Option<(super::cgroup::Hierarchy, String)>,
     ) -> Arc<Supervisor> {
         Arc::new(Supervisor {
             state,
@@ -73,6 +76,7 @@ impl Supervisor {
             policy,
             log_dir,
             mps_runtime,
+            cgroups,
             exits: watch::channel(0).0,
             restarts: std::sync::Mutex::new(None),
         })
@@ -164,6 +168,13 @@ impl Supervisor {
         self.state.snapshot().workers
     }
 
+    /// The cgroup of a worker (None without a usable cgroup fs).
+    fn cgroup(&self, key: &WorkerKey) -> Option<super::cgroup::WorkerCgroup> {
+        self.cgroups
+            .as_ref()
+            .map(|(h, parent)| super::cgroup::WorkerCgroup::at(h, parent, &format!("{}.{}", key.model, key.replica)))
+    }
+
     fn log_path(&self, key: &WorkerKey) -> PathBuf {
         self.log_dir.join(format!("{}.{}.log", key.model, key.replica))
     }
@@ -177,7 +188,22 @@ impl Supervisor {
         let previous = self.records().into_iter().find(|r| r.spec.key == key);
         let restarts = previous.as_ref().map(|r| r.restarts + 1).unwrap_or(0);
         let streak = previous.as_ref().map(|r| r.streak).unwrap_or(0);
-        match spawn::spawn(&spec, user.as_deref(), &self.log_path(&key), &self.mps_runtime) {
+        // Its cgroup with its limits, joined between fork and exec.
+        let joined = match &self.cgroups {
+            None => Ok(Vec::new()),
+            Some((h, parent)) => {
+                super::cgroup::WorkerCgroup::create(h, parent, &format!("{}.{}", key.model, key.replica), &spec.limits)
+                    .and_then(|cg| cg.join_handles())
+                    .map_err(|e| SpawnError::Exec {
+                        worker: key.to_string(),
+                        program: spec.command[0].clone(),
+                        source: std::io::Error::other(e.to_string()),
+                    })
+            }
+        };
+        let spawned =
+            joined.and_then(|fds| spawn::spawn(&spec, user.as_deref(), &self.log_path(&key), &self.mps_runtime, &fds));
+        match spawned {
             Ok(spawned) => {
                 let pid = spawned.pid;
                 // A worker with a health check counts as running only once healthy.
@@ -314,6 +340,11 @@ impl Supervisor {
             })?;
             return Ok(());
         }
+        // No orphan survives: whatever is left in the worker's cgroup goes, and so does the cgroup.
+        if let Some(cg) = self.cgroup(key) {
+            cg.kill_all();
+            cg.remove();
+        }
         self.state.update(|s| s.workers.retain(|r| &r.spec.key != key))?;
         self.events.emit(
             Level::Info,
@@ -353,6 +384,9 @@ impl Supervisor {
                     ),
                 );
                 proc::kill_session(pid);
+                if let Some(cg) = self.cgroup(key) {
+                    cg.kill_all();
+                }
                 // SIGKILL cannot be ignored; wait for the watcher to see the exit.
                 while alive() {
                     if tokio::time::timeout(Duration::from_secs(5), exits.changed()).await.is_err() {
@@ -451,6 +485,10 @@ impl Supervisor {
     }
 
     fn exited(&self, key: &WorkerKey, pid: u32, exit: Exit) {
+        // What the worker left behind in its cgroup (also what escaped its session) goes with it.
+        if let Some(cg) = self.cgroup(key) {
+            cg.kill_all();
+        }
         let tail = log_tail(&self.log_path(key), 5);
         let mut outcome = None;
         let updated = self.set(key, |r| {
