@@ -197,7 +197,7 @@ fn crashed_worker_is_reported_and_restarted_by_the_next_apply() {
 #[test]
 fn workers_survive_an_agent_restart_and_are_adopted() {
     let mut agent = Agent::start("h200:2");
-    let text = "version = 1\n[[gpus]]\nselect = \"all\"\nsharing = \"time-slicing\"\n[[models]]\nname = \"keep\"\ncommand = [\"/usr/bin/sleep\", \"600\"]\nmemory = \"4GiB\"\nreplicas = 4\n";
+    let text = "version = 1\n[[gpus]]\nselect = \"all\"\nsharing = \"time-slicing\"\n[[models]]\nname = \"keep\"\ncommand = [\"/usr/bin/sleep\", \"600\"]\nmemory = \"4GiB\"\nreplicas = 20\n";
     let plan = agent.write_plan("k.toml", text);
     assert_eq!(agent.gpuctl(&["apply", "-f", &plan]).code, 0);
     let before = agent.worker_pids();
@@ -214,13 +214,15 @@ fn workers_survive_an_agent_restart_and_are_adopted() {
     // The stored plan is re-applied at start: the three live workers are adopted with the same
     // pids, the dead one is started again.
     let after = agent.worker_pids();
-    assert_eq!(after.len(), 4);
-    for (b, a) in before.iter().zip(&after).take(3) {
+    assert_eq!(after.len(), 20);
+    let victim_key = (before[3].0.clone(), before[3].1);
+    for (b, a) in before.iter().zip(&after).filter(|(b, _)| (b.0.clone(), b.1) != victim_key) {
         assert_eq!(b.2, a.2, "{} keeps its pid", a.0);
         assert_eq!(a.3, "running");
     }
-    assert_ne!(after[3].2, before[3].2);
-    assert_eq!(after[3].3, "running");
+    let replaced = after.iter().find(|a| (a.0.clone(), a.1) == victim_key).unwrap();
+    assert_ne!(replaced.2, before[3].2);
+    assert_eq!(replaced.3, "running");
     let events = agent.gpuctl(&["events"]).stdout;
     assert!(events.contains("adopted worker keep/0"), "{events}");
     assert!(events.contains("exited while the agent was down"), "{events}");
