@@ -36,6 +36,10 @@ pub fn rotate_if_large(path: &Path, max: u64, keep: u32) -> std::io::Result<bool
 pub fn tail(path: &Path, lines: usize) -> std::io::Result<(Vec<u8>, u64)> {
     let mut file = File::open(path)?;
     let len = file.metadata()?.len();
+    // A few lines are at the end: do not read a whole 10 MiB log for them.
+    if lines > 0 {
+        file.seek(SeekFrom::Start(len.saturating_sub(64 << 10)))?;
+    }
     let mut buf = Vec::new();
     file.read_to_end(&mut buf)?;
     if lines == 0 {

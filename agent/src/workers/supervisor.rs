@@ -44,17 +44,11 @@ pub struct Supervisor {
     restarts: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedSender<(WorkerKey, Duration)>>>,
 }
 
-/// The last few lines of a log file (what a crashed worker said last).
+/// The last few lines a worker printed (what a crashed worker said last).
 pub fn log_tail(path: &std::path::Path, lines: usize) -> Option<String> {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut file = std::fs::File::open(path).ok()?;
-    let len = file.metadata().ok()?.len();
-    file.seek(SeekFrom::Start(len.saturating_sub(4096))).ok()?;
-    let mut buf = Vec::new();
-    file.read_to_end(&mut buf).ok()?;
-    let text = String::from_utf8_lossy(&buf);
-    let tail: Vec<&str> = text.lines().rev().filter(|l| !l.trim().is_empty()).take(lines).collect();
-    (!tail.is_empty()).then(|| tail.into_iter().rev().collect::<Vec<_>>().join("\n"))
+    let (bytes, _) = crate::logs::tail(path, lines).ok()?;
+    let text = String::from_utf8_lossy(&bytes).trim_end().to_string();
+    (!text.is_empty()).then_some(text)
 }
 
 fn now_unix() -> i64 {
@@ -237,26 +231,7 @@ impl Supervisor {
                 Ok(pid)
             }
             Err(err) => {
-                let record = WorkerRecord {
-                    spec: spec.clone(),
-                    state: WorkerState::Failed,
-                    pid: None,
-                    start_ticks: None,
-                    restarts,
-                    last_exit: Some(err.to_string()),
-                    started_at_unix: now_unix(),
-                    streak,
-                    log_tail: None,
-                    unhealthy: false,
-                };
-                self.put(record)?;
-                self.events.emit(
-                    Level::Error,
-                    "worker_start_failed",
-                    Some(&key.model),
-                    Some(spec.gpu),
-                    err.to_string(),
-                );
+                self.record_failed(&spec, &err.to_string());
                 Err(err.into())
             }
         }
