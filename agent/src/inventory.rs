@@ -34,6 +34,8 @@ pub struct Gpu {
     pub compute_mode: ComputeMode,
     /// Whole-card SM count: the full-width profile's when the GPU has MIG profiles.
     pub sm_count: u32,
+    /// Minor number of its device node, `/dev/nvidia<minor>` (None when the driver does not say).
+    pub minor: Option<u32>,
     pub profiles: Vec<Profile>,
     pub instances: Vec<GpuInstance>,
     pub processes: Vec<GpuProcess>,
@@ -179,6 +181,7 @@ pub mod test_support {
                     mig_pending: false,
                     compute_mode: ComputeMode::Default,
                     sm_count: p.sm,
+                    minor: Some(index),
                     profiles: profiles(product),
                     instances: Vec::new(),
                     processes: Vec::new(),

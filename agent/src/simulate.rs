@@ -67,12 +67,19 @@ pub fn prepare_mps(settings: &mut crate::settings::Settings, state: &Path) -> Re
     Ok(())
 }
 
-/// Finds the fake library: beside the binary, or in cargo's `deps/` directory beside it.
+/// Finds the fake library: beside the binary, or in cargo's `deps/` directory beside it (the newest).
 pub fn find_library() -> Result<PathBuf, SimulateError> {
     let exe = std::env::current_exe().unwrap_or_default();
     let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
     let candidates = [dir.join(FAKE_LIBRARY), dir.join("deps").join(FAKE_LIBRARY), dir.join("..").join(FAKE_LIBRARY)];
-    candidates.iter().find(|p| p.is_file()).cloned().ok_or_else(|| SimulateError::NoLibrary {
+    // Cargo puts the library in deps/ whenever it builds the agent, and copies it beside the
+    // binaries only when fake-nvml itself is built: the newest one is the current one.
+    let newest = candidates
+        .iter()
+        .filter_map(|p| Some((std::fs::metadata(p).ok().filter(|m| m.is_file())?.modified().ok()?, p)))
+        .max_by_key(|(modified, _)| *modified)
+        .map(|(_, p)| p.clone());
+    newest.ok_or_else(|| SimulateError::NoLibrary {
         looked: candidates.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "),
     })
 }

@@ -27,6 +27,17 @@ pub unsafe extern "C" fn nvmlDeviceGetIndex(device: nvmlDevice_t, index: *mut c_
     unsafe { answer(device, index, |t| Ok(t.whole_gpu()?.index)) }
 }
 
+/// The minor number of a GPU's device node (`/dev/nvidia<minor>`): its index on the simulated host
+/// (real hosts usually agree; unverified beyond that).
+///
+/// # Safety
+/// `minor` is null or valid for writes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(device: nvmlDevice_t, minor: *mut c_uint) -> nvmlReturn_t {
+    // SAFETY: the caller's contract on `minor`.
+    unsafe { answer(device, minor, |t| Ok(t.whole_gpu()?.index)) }
+}
+
 /// A GPU's `GPU-...` UUID, or a MIG device's `MIG-...` one.
 ///
 /// # Safety

@@ -259,3 +259,39 @@ fn workers_run_in_their_own_cgroup_with_their_limits() {
     agent.wait_for("every member gone", 10, || members.iter().all(|p| !alive(*p)));
     agent.wait_for("the cgroup removed", 10, || !std::path::Path::new(&dir).exists());
 }
+
+/// With the v1 devices controller, a worker may not open another GPU's device node: its own opens
+/// as usual (no driver here, so it fails with "No such device"), another GPU's is not permitted.
+#[test]
+fn the_device_cgroup_denies_other_gpus_nodes() {
+    if !std::path::Path::new("/sys/fs/cgroup/devices/cgroup.procs").exists() {
+        eprintln!("no cgroup v1 devices controller here: nothing to check");
+        return;
+    }
+    let nodes = tempfile::tempdir().unwrap();
+    for minor in [0u64, 1] {
+        let path = nodes.path().join(format!("nv{minor}"));
+        nix::sys::stat::mknod(
+            &path,
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o666),
+            nix::sys::stat::makedev(195, minor),
+        )
+        .unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+    }
+    std::fs::set_permissions(nodes.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let agent = Agent::start("h200:2");
+    let d = nodes.path().display();
+    let text = format!(
+        "version = 1\n[[gpus]]\nselect = \"0\"\nsharing = \"time-slicing\"\n[[models]]\nname = \"dev\"\ncommand = [\"/bin/sh\", \"-c\", \"cat {d}/nv1 2>&1 | head -1; cat {d}/nv0 2>&1 | head -1; exec sleep 600\"]\nmemory = \"1GiB\"\n"
+    );
+    let file = agent.write_plan("dev.toml", &text);
+    assert_eq!(agent.gpuctl(&["apply", "-f", &file]).code, 0);
+    let log = agent.state_dir.join("logs/dev.0.log");
+    agent.wait_for("both opens tried", 10, || std::fs::read_to_string(&log).unwrap_or_default().lines().count() >= 2);
+    let out = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].contains("nv1") && lines[0].contains("Operation not permitted"), "{out}");
+    assert!(lines[1].contains("nv0") && !lines[1].contains("Operation not permitted"), "{out}");
+}

@@ -70,6 +70,7 @@ impl NvmlDriver {
             mig_pending,
             compute_mode,
             sm_count,
+            minor: dev.minor_number().ok(),
             profiles,
             instances,
             processes,

@@ -102,6 +102,7 @@ mod tests {
             mig_pending: false,
             compute_mode: ComputeMode::Default,
             sm_count: 0,
+            minor: None,
             profiles: vec![],
             instances: vec![],
             processes: vec![],

@@ -59,6 +59,9 @@ pub struct WorkerSpec {
     /// Host memory, CPU and pids limits of its cgroup.
     #[serde(default)]
     pub limits: Limits,
+    /// Device-node minors of the host's other GPUs, which its device cgroup denies.
+    #[serde(default)]
+    pub other_gpu_minors: Vec<u32>,
 }
 
 /// A worker's health check, as its spec carries it.
@@ -531,6 +534,7 @@ fn worker_spec(desired: &Desired, inventory: &Inventory, layouts: &Layouts, a: &
         stop_timeout: model.stop_timeout,
         health: model.health.as_ref().map(health_spec),
         limits: model.limits.clone(),
+        other_gpu_minors: inventory.gpus.iter().filter(|g| g.index != a.gpu).filter_map(|g| g.minor).collect(),
     })
 }
 

@@ -24,6 +24,7 @@ fn inventory(gpus: usize) -> Inventory {
                 mig_pending: false,
                 compute_mode: ComputeMode::Default,
                 sm_count: 132,
+                minor: Some(index),
                 profiles: Vec::new(),
                 instances: Vec::new(),
                 processes: Vec::new(),
@@ -178,6 +179,7 @@ fn running_replicas_stay_where_they_are() {
     let mut observed = running(&text, &inv);
     observed[0].spec.gpu = 1;
     observed[0].spec.device = "GPU-1".into();
+    observed[0].spec.other_gpu_minors = vec![0];
     let steps = run(&desired(&text, &inv), &inv, &observed).unwrap();
     assert!(steps.is_empty(), "{:?}", render(&steps));
 }

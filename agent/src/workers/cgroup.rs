@@ -17,8 +17,11 @@ const CPU_PERIOD_US: u64 = 100_000;
 #[derive(Debug, Clone)]
 pub enum Hierarchy {
     V2 { root: PathBuf },
-    V1 { memory: Option<PathBuf>, cpu: Option<PathBuf>, pids: Option<PathBuf> },
+    V1 { memory: Option<PathBuf>, cpu: Option<PathBuf>, pids: Option<PathBuf>, devices: Option<PathBuf> },
 }
+
+/// The character-device major of `/dev/nvidia<minor>` and `/dev/nvidiactl`.
+pub const NVIDIA_MAJOR: u32 = 195;
 
 #[derive(Debug, thiserror::Error)]
 #[error("cgroup {path}: {source}")]
@@ -33,8 +36,8 @@ pub fn detect(root: &Path) -> Option<Hierarchy> {
         return Some(Hierarchy::V2 { root: root.to_path_buf() });
     }
     let v1 = |name: &str| Some(root.join(name)).filter(|p| p.join("cgroup.procs").is_file());
-    let (memory, cpu, pids) = (v1("memory"), v1("cpu"), v1("pids"));
-    (memory.is_some() || cpu.is_some() || pids.is_some()).then_some(Hierarchy::V1 { memory, cpu, pids })
+    let (memory, cpu, pids, devices) = (v1("memory"), v1("cpu"), v1("pids"), v1("devices"));
+    (memory.is_some() || cpu.is_some() || pids.is_some()).then_some(Hierarchy::V1 { memory, cpu, pids, devices })
 }
 
 /// One worker's cgroup: one directory (v2) or one per controller (v1).
@@ -57,15 +60,23 @@ impl WorkerCgroup {
     pub fn at(h: &Hierarchy, parent: &str, name: &str) -> WorkerCgroup {
         let dirs = match h {
             Hierarchy::V2 { root } => vec![root.join(parent).join(name)],
-            Hierarchy::V1 { memory, cpu, pids } => {
-                [memory, cpu, pids].into_iter().flatten().map(|c| c.join(parent).join(name)).collect()
+            Hierarchy::V1 { memory, cpu, pids, devices } => {
+                [memory, cpu, pids, devices].into_iter().flatten().map(|c| c.join(parent).join(name)).collect()
             }
         };
         WorkerCgroup { dirs }
     }
 
-    /// Creates the cgroup and sets its limits.
-    pub fn create(h: &Hierarchy, parent: &str, name: &str, limits: &Limits) -> Result<WorkerCgroup, CgroupError> {
+    /// Creates the cgroup and sets its limits; with the v1 devices controller it also denies the
+    /// device nodes of the host's other GPUs (`deny_minors`), so the worker can open only its own
+    /// (v2 would need an eBPF device program: not done).
+    pub fn create(
+        h: &Hierarchy,
+        parent: &str,
+        name: &str,
+        limits: &Limits,
+        deny_minors: &[u32],
+    ) -> Result<WorkerCgroup, CgroupError> {
         let cg = Self::at(h, parent, name);
         let pids = limits.pids.unwrap_or(DEFAULT_PIDS).to_string();
         let cpu_quota = limits.cpu.map(|c| ((c * CPU_PERIOD_US as f64).round() as u64).max(1000));
@@ -86,7 +97,7 @@ impl WorkerCgroup {
                 }
                 write(&dir.join("pids.max"), &pids)?;
             }
-            Hierarchy::V1 { memory, cpu, pids: pids_root } => {
+            Hierarchy::V1 { memory, cpu, pids: pids_root, devices } => {
                 for dir in &cg.dirs {
                     make(dir)?;
                 }
@@ -100,6 +111,13 @@ impl WorkerCgroup {
                 }
                 if let Some(dir) = under(pids_root) {
                     write(&dir.join("pids.max"), &pids)?;
+                }
+                if let Some(dir) = under(devices) {
+                    // The default stays "allow": only the other GPUs' nodes are taken away, so
+                    // nvidiactl, nvidia-uvm and the rest that CUDA needs stay open.
+                    for minor in deny_minors {
+                        write(&dir.join("devices.deny"), &format!("c {NVIDIA_MAJOR}:{minor} rwm"))?;
+                    }
                 }
             }
         }
@@ -177,7 +195,7 @@ mod tests {
                 fs::write(d.join(f), "").unwrap();
             }
         }
-        WorkerCgroup::create(&h, "ga", "m.0", &limits).unwrap();
+        WorkerCgroup::create(&h, "ga", "m.0", &limits, &[1]).unwrap();
         let read = |c: &str, f: &str| fs::read_to_string(root.join(c).join("ga/m.0").join(f)).unwrap();
         assert_eq!(read("memory", "memory.limit_in_bytes"), "67108864");
         assert_eq!(read("cpu", "cpu.cfs_quota_us"), "50000");

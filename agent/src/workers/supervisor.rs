@@ -185,15 +185,19 @@ impl Supervisor {
         // Its cgroup with its limits, joined between fork and exec.
         let joined = match &self.cgroups {
             None => Ok(Vec::new()),
-            Some((h, parent)) => {
-                super::cgroup::WorkerCgroup::create(h, parent, &format!("{}.{}", key.model, key.replica), &spec.limits)
-                    .and_then(|cg| cg.join_handles())
-                    .map_err(|e| SpawnError::Exec {
-                        worker: key.to_string(),
-                        program: spec.command[0].clone(),
-                        source: std::io::Error::other(e.to_string()),
-                    })
-            }
+            Some((h, parent)) => super::cgroup::WorkerCgroup::create(
+                h,
+                parent,
+                &format!("{}.{}", key.model, key.replica),
+                &spec.limits,
+                &spec.other_gpu_minors,
+            )
+            .and_then(|cg| cg.join_handles())
+            .map_err(|e| SpawnError::Exec {
+                worker: key.to_string(),
+                program: spec.command[0].clone(),
+                source: std::io::Error::other(e.to_string()),
+            }),
         };
         let spawned =
             joined.and_then(|fds| spawn::spawn(&spec, user.as_deref(), &self.log_path(&key), &self.mps_runtime, &fds));
