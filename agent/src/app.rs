@@ -95,7 +95,7 @@ async fn initial_apply(agent: &Arc<Agent>, settings: &Settings) {
             None => return,
         },
     };
-    let input = crate::service::PlanInput::Text { text, source: source.clone() };
+    let input = crate::service::PlanInput::Startup { text, source: source.clone() };
     if let Err(e) = agent.do_apply(input, true, |_| {}).await {
         agent.record_rejected(&source, &e);
     }

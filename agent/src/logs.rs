@@ -59,22 +59,75 @@ pub fn tail(path: &Path, lines: usize) -> std::io::Result<(Vec<u8>, u64)> {
     Ok((buf[start..].to_vec(), len))
 }
 
-/// What was appended to `path` since `offset`; after a rotation truncated it, from the start.
-pub fn read_from(path: &Path, offset: u64) -> std::io::Result<(Vec<u8>, u64)> {
+/// Where a follower of one log is: its offset in the live file and what the newest rotated copy
+/// looked like then, so a rotation shows even when the live file has already grown past the
+/// offset again.
+#[derive(Debug, Clone)]
+pub struct Cursor {
+    pub offset: u64,
+    rotated: Option<(u64, std::time::SystemTime)>,
+}
+
+impl Cursor {
+    pub fn at(path: &Path, offset: u64) -> Cursor {
+        Cursor { offset, rotated: signature(&rotated(path, 1)) }
+    }
+}
+
+fn signature(path: &Path) -> Option<(u64, std::time::SystemTime)> {
+    let meta = fs::metadata(path).ok()?;
+    Some((meta.len(), meta.modified().ok()?))
+}
+
+/// What was appended to `path` since the cursor. After a rotation (copy, then truncate), the
+/// rest of what was written before it comes from the newest copy, then the fresh file from its
+/// start. Lost only: lines written between the copy and the truncation, and a whole rotation's
+/// worth when two rotations happen between two reads.
+pub fn read_new(path: &Path, cursor: &mut Cursor) -> std::io::Result<Vec<u8>> {
     let mut file = File::open(path)?;
     let len = file.metadata()?.len();
-    let from = if len < offset { 0 } else { offset };
-    file.seek(SeekFrom::Start(from))?;
+    let now = signature(&rotated(path, 1));
     let mut buf = Vec::new();
+    let rotated_since = now.is_some() && now != cursor.rotated;
+    let from = if rotated_since || len < cursor.offset {
+        if rotated_since && let Ok(mut old) = File::open(rotated(path, 1)) {
+            old.seek(SeekFrom::Start(cursor.offset))?;
+            old.read_to_end(&mut buf)?;
+        }
+        0
+    } else {
+        cursor.offset
+    };
+    file.seek(SeekFrom::Start(from))?;
+    let before = buf.len();
     file.read_to_end(&mut buf)?;
-    let end = from + buf.len() as u64;
-    Ok((buf, end))
+    cursor.offset = from + (buf.len() - before) as u64;
+    cursor.rotated = now;
+    Ok(buf)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::io::Write;
+
+    #[test]
+    fn a_follower_reads_across_a_rotation_without_losing_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.0.log");
+        let mut writer = OpenOptions::new().create(true).append(true).open(&path).unwrap();
+        writeln!(writer, "one").unwrap();
+        let mut cursor = Cursor::at(&path, 0);
+        assert_eq!(read_new(&path, &mut cursor).unwrap(), b"one\n");
+        writeln!(writer, "two {}", "x".repeat(100)).unwrap();
+        assert!(rotate_if_large(&path, 50, 3).unwrap());
+        writeln!(writer, "three").unwrap();
+        let rest = read_new(&path, &mut cursor).unwrap();
+        assert_eq!(String::from_utf8(rest).unwrap(), format!("two {}\nthree\n", "x".repeat(100)));
+        assert_eq!(cursor.offset, 6);
+        writeln!(writer, "four").unwrap();
+        assert_eq!(read_new(&path, &mut cursor).unwrap(), b"four\n", "no rotation since: just the new line");
+    }
 
     #[test]
     fn rotation_keeps_a_bounded_number_of_copies_and_writers_carry_on() {
@@ -103,8 +156,9 @@ mod tests {
         assert_eq!(tail(&path, 9).unwrap().0, b"a\nb\nc\n");
         let (_, end) = tail(&path, 1).unwrap();
         fs::write(&path, "a\nb\nc\nd\n").unwrap();
-        assert_eq!(read_from(&path, end).unwrap().0, b"d\n");
+        let mut cursor = Cursor::at(&path, end);
+        assert_eq!(read_new(&path, &mut cursor).unwrap(), b"d\n");
         fs::write(&path, "x\n").unwrap();
-        assert_eq!(read_from(&path, end).unwrap().0, b"x\n", "truncated: from the start");
+        assert_eq!(read_new(&path, &mut cursor).unwrap(), b"x\n", "truncated: from the start");
     }
 }

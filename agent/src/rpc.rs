@@ -217,13 +217,12 @@ fn progress_event(p: ApplyProgress) -> pb::apply_event::Event {
 /// starts, so a bad or refused plan is a plain status and nothing changed.
 async fn stream_apply(
     agent: &Arc<Agent>,
-    text: String,
     source: String,
     input: PlanInput,
     dry_run: bool,
     drain: bool,
 ) -> Result<ApplyStream, Status> {
-    let prepared = match agent.prepare(&text, &source).await {
+    let prepared = match agent.prepare_input(&input).await {
         Ok(p) => p,
         Err(e) => {
             if !dry_run {
@@ -375,7 +374,7 @@ impl AgentRpc for Rpc {
     async fn apply(&self, req: Request<pb::PlanRequest>) -> Result<Response<Self::ApplyStream>, Status> {
         let req = req.into_inner();
         let input = PlanInput::Text { text: req.plan_toml.clone(), source: req.source.clone() };
-        stream_apply(&self.agent, req.plan_toml, req.source, input, req.dry_run, req.drain).await.map(Response::new)
+        stream_apply(&self.agent, req.source, input, req.dry_run, req.drain).await.map(Response::new)
     }
 
     type PartitionStream = ApplyStream;
@@ -385,9 +384,12 @@ impl AgentRpc for Rpc {
         let layout = (!req.clear).then_some(req.profiles.as_slice());
         // Checked (and shown, for a dry run) against the stored plan now; applied against the
         // stored plan as it is when the apply holds the lock.
-        let (text, source) = self.agent.partition_plan(&req.gpu, layout).await.map_err(status)?;
+        let source = match layout {
+            Some(items) => format!("gpuctl partition set {} {}", req.gpu, items.join(" ")),
+            None => format!("gpuctl partition clear {}", req.gpu),
+        };
         let input = PlanInput::Partition { gpu: req.gpu.clone(), layout: layout.map(<[String]>::to_vec) };
-        stream_apply(&self.agent, text, source, input, req.dry_run, req.drain).await.map(Response::new)
+        stream_apply(&self.agent, source, input, req.dry_run, req.drain).await.map(Response::new)
     }
 
     type LogsStream = Pin<Box<dyn Stream<Item = Result<pb::LogChunk, Status>> + Send>>;
@@ -400,7 +402,7 @@ impl AgentRpc for Rpc {
             let mut offsets = Vec::new();
             for (replica, path) in &files {
                 let (data, end) = crate::logs::tail(path, req.tail as usize).unwrap_or_default();
-                offsets.push(end);
+                offsets.push(crate::logs::Cursor::at(path, end));
                 if !data.is_empty() && tx.send(Ok(pb::LogChunk { replica: *replica, data })).await.is_err() {
                     return;
                 }
@@ -412,8 +414,7 @@ impl AgentRpc for Rpc {
             loop {
                 tokio::time::sleep(std::time::Duration::from_millis(200)).await;
                 for ((replica, path), offset) in files.iter().zip(offsets.iter_mut()) {
-                    let Ok((data, end)) = crate::logs::read_from(path, *offset) else { continue };
-                    *offset = end;
+                    let Ok(data) = crate::logs::read_new(path, offset) else { continue };
                     if !data.is_empty() && tx.send(Ok(pb::LogChunk { replica: *replica, data })).await.is_err() {
                         return;
                     }
@@ -430,12 +431,11 @@ impl AgentRpc for Rpc {
 
     async fn drain(&self, req: Request<pb::DrainRequest>) -> Result<Response<Self::DrainStream>, Status> {
         let req = req.into_inner();
-        let text = self.agent.stored_plan().map(|p| p.text).unwrap_or_else(|| "version = 1\n".into());
         let verb = if req.undrain { "undrain" } else { "drain" };
         let source = format!("gpuctl {verb} {}", req.gpu);
         let input = PlanInput::Drain { gpu: req.gpu, drain: !req.undrain };
         // Draining stops the GPU's workers by definition: the apply drains.
-        stream_apply(&self.agent, text, source, input, false, true).await.map(Response::new)
+        stream_apply(&self.agent, source, input, false, true).await.map(Response::new)
     }
 
     async fn model_action(

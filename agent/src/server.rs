@@ -53,16 +53,39 @@ pub fn bind(path: &Path, group: Option<&str>) -> Result<UnixListener, ServerErro
     Ok(listener)
 }
 
+/// How long open calls may run on once the agent is asked to stop.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 pub async fn serve(
     listener: UnixListener,
     path: &Path,
     rpc: Rpc,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
-    let result = tonic::transport::Server::builder()
+    // Shutdown waits for open calls to end, but a `gpuctl logs --follow` never does: once asked
+    // to stop, calls get a short grace and are then cut off.
+    let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
+    let shutdown = async move {
+        shutdown.await;
+        let _ = stopping_tx.send(());
+    };
+    let serve = tonic::transport::Server::builder()
         .add_service(AgentServer::new(rpc))
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
-        .await;
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown);
+    let cut_off = async {
+        if stopping_rx.await.is_ok() {
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
+    let result = tokio::select! {
+        r = serve => r,
+        () = cut_off => {
+            tracing::info!(grace_ms = SHUTDOWN_GRACE.as_millis() as u64, "calls still open at shutdown were cut off");
+            Ok(())
+        }
+    };
     // The socket file goes with the server, so the next start finds no stale file.
     let _ = std::fs::remove_file(path);
     result.map_err(|source| ServerError::Serve { path: path.to_path_buf(), source })

@@ -128,9 +128,20 @@ impl Agent {
                         .records()
                         .into_iter()
                         .find(|r| r.spec.key == key && r.state == crate::store::WorkerState::Backoff);
-                    if let Some(record) = waiting
-                        && let Err(e) = executor::start_worker(&record.spec, &me.context()).await
-                    {
+                    let Some(record) = waiting else { return };
+                    if me.state.snapshot().drained.contains(&record.spec.gpu) {
+                        // Its GPU was drained meanwhile: it stays waiting (not held), so the
+                        // undrain's apply starts it.
+                        me.events.emit(
+                            Level::Info,
+                            "worker_restart_skipped",
+                            Some(&key.model),
+                            Some(record.spec.gpu),
+                            format!("worker {key}: not restarted, GPU {} is drained", record.spec.gpu),
+                        );
+                        return;
+                    }
+                    if let Err(e) = executor::start_worker(&record.spec, &me.context()).await {
                         me.supervisor.restart_failed(&key, &e);
                     }
                 });
@@ -147,7 +158,8 @@ impl Agent {
         let me = Arc::clone(self);
         tokio::spawn(async move {
             let grace = me.settings.workers.memory_grace;
-            let mut over_since: std::collections::BTreeMap<reconcile::WorkerKey, Instant> = Default::default();
+            // Keyed by worker and pid: a restarted worker starts its grace afresh.
+            let mut over_since: std::collections::BTreeMap<(reconcile::WorkerKey, u32), Instant> = Default::default();
             let mut tick = tokio::time::interval(std::time::Duration::from_millis(250).min(grace));
             loop {
                 tick.tick().await;
@@ -162,21 +174,25 @@ impl Agent {
                     }
                 }
                 let records = me.supervisor.records();
-                over_since.retain(|k, _| records.iter().any(|r| &r.spec.key == k && r.state.active()));
-                for r in records
-                    .iter()
-                    .filter(|r| r.state == crate::store::WorkerState::Running && r.spec.isolation == "time-slicing")
-                {
+                over_since.retain(|(k, pid), _| {
+                    records.iter().any(|r| &r.spec.key == k && r.pid == Some(*pid) && r.state.active())
+                });
+                for r in records.iter().filter(|r| {
+                    matches!(r.state, crate::store::WorkerState::Running | crate::store::WorkerState::Starting)
+                        && r.spec.isolation == "time-slicing"
+                }) {
+                    let Some(pid) = r.pid else { continue };
+                    let id = (r.spec.key.clone(), pid);
                     let mib = used.get(&r.spec.key).copied().unwrap_or(0);
                     if mib <= r.spec.memory_mib {
-                        over_since.remove(&r.spec.key);
+                        over_since.remove(&id);
                         continue;
                     }
-                    let since = *over_since.entry(r.spec.key.clone()).or_insert_with(Instant::now);
+                    let since = *over_since.entry(id.clone()).or_insert_with(Instant::now);
                     if since.elapsed() < grace {
                         continue;
                     }
-                    over_since.remove(&r.spec.key);
+                    over_since.remove(&id);
                     let reason = format!(
                         "stopped by the agent: it used {mib} MiB of GPU memory, over its {} MiB budget, for {} ms",
                         r.spec.memory_mib,
@@ -192,7 +208,13 @@ impl Agent {
                     let me2 = Arc::clone(&me);
                     let key = r.spec.key.clone();
                     tokio::spawn(async move {
-                        let _ = me2.supervisor.stop_failed(&key, reason).await;
+                        // Under the apply lock, and only if the same process still runs: an apply
+                        // or restart in between owns the worker now.
+                        let _apply = me2.apply_lock.lock().await;
+                        let same = me2.supervisor.records().iter().any(|r| r.spec.key == key && r.pid == Some(pid));
+                        if same {
+                            let _ = me2.supervisor.stop_failed(&key, reason).await;
+                        }
                     });
                 }
             }
@@ -203,15 +225,21 @@ impl Agent {
     pub fn start_log_rotation(self: &Arc<Self>) {
         let me = Arc::clone(self);
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+            // Every second: a worker writing fast overshoots the bound by at most a second's
+            // output. The copies are file I/O, so off the async workers.
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
             loop {
                 tick.tick().await;
-                for r in me.supervisor.records() {
-                    let path = me.supervisor.log_file(&r.spec.key);
-                    if let Err(e) = crate::logs::rotate_if_large(&path, crate::logs::MAX_BYTES, crate::logs::KEEP) {
-                        tracing::warn!(log = %path.display(), error = %e, "log rotation");
+                let paths: Vec<_> =
+                    me.supervisor.records().iter().map(|r| me.supervisor.log_file(&r.spec.key)).collect();
+                let _ = tokio::task::spawn_blocking(move || {
+                    for path in paths {
+                        if let Err(e) = crate::logs::rotate_if_large(&path, crate::logs::MAX_BYTES, crate::logs::KEEP) {
+                            tracing::warn!(log = %path.display(), error = %e, "log rotation");
+                        }
                     }
-                }
+                })
+                .await;
             }
         });
     }
@@ -243,6 +271,15 @@ impl Agent {
         let records: Vec<_> = self.supervisor.records().into_iter().filter(|r| r.spec.key.model == model).collect();
         if records.is_empty() {
             return Err(AgentError::NotFound(format!("no model {model:?} runs on this host")));
+        }
+        let drained = self.state.snapshot().drained;
+        if action == "restart"
+            && let Some(r) = records.iter().find(|r| drained.contains(&r.spec.gpu))
+        {
+            return Err(AgentError::Refused(vec![format!(
+                "{} runs on GPU {}, which is drained; undrain it first",
+                r.spec.key, r.spec.gpu
+            )]));
         }
         let ctx = self.context();
         let mut done = Vec::new();
@@ -362,6 +399,19 @@ impl Agent {
 
     /// Parses and checks a plan against the live host and computes its steps. Changes nothing.
     pub async fn prepare(&self, text: &str, source: &str) -> Result<Prepared, AgentError> {
+        self.prepare_with(text, source, &self.state.snapshot().drained, true).await
+    }
+
+    /// `prepare` with the drained GPUs given (a drain checks the set it would make before saving
+    /// it) and whether held workers (`stopped`, `failed`) start again: only for an operator's
+    /// own plan.
+    async fn prepare_with(
+        &self,
+        text: &str,
+        source: &str,
+        drained: &std::collections::BTreeSet<u32>,
+        start_held: bool,
+    ) -> Result<Prepared, AgentError> {
         let parsed = parse::parse(text);
         if !parsed.problems.is_empty() && parsed.plan.gpus.is_empty() && parsed.plan.models.is_empty() {
             return Err(AgentError::InvalidPlan(parsed.problems));
@@ -372,8 +422,8 @@ impl Agent {
         if !problems.is_empty() {
             return Err(AgentError::InvalidPlan(problems));
         }
+        desired.start_held = start_held;
         // Drained GPUs are out of the plan's reach: left as they are, nothing placed there.
-        let drained = self.state.snapshot().drained;
         if !drained.is_empty() {
             desired.gpus.retain(|gpu, _| !drained.contains(gpu));
             desired.tolerate_unplaced = true;
@@ -455,6 +505,42 @@ impl Agent {
         out
     }
 
+    /// What an input asks for: the plan text, its source, the drained GPUs it applies under
+    /// and whether held workers start again.
+    async fn resolve(&self, input: &PlanInput) -> Result<Resolved, AgentError> {
+        let mut drained = self.state.snapshot().drained;
+        let (text, source, start_held) = match input {
+            PlanInput::Text { text, source } => (text.clone(), source.clone(), true),
+            PlanInput::Startup { text, source } => (text.clone(), source.clone(), false),
+            PlanInput::Partition { gpu, layout } => {
+                let (text, source) = self.partition_plan(gpu, layout.as_deref()).await?;
+                (text, source, false)
+            }
+            PlanInput::Drain { gpu, drain } => {
+                let inventory = self.inventory().await?;
+                let index = inventory
+                    .find(gpu)
+                    .map(|g| g.index)
+                    .ok_or_else(|| AgentError::NotFound(format!("no GPU {gpu:?} on this host")))?;
+                if *drain {
+                    drained.insert(index);
+                } else {
+                    drained.remove(&index);
+                }
+                let verb = if *drain { "drain" } else { "undrain" };
+                let text = self.stored_plan().map(|p| p.text).unwrap_or_else(|| "version = 1\n".into());
+                (text, format!("gpuctl {verb} {index}"), false)
+            }
+        };
+        Ok(Resolved { text, source, drained, start_held })
+    }
+
+    /// `prepare` for an input as `do_apply` would see it now: what a dry run shows.
+    pub async fn prepare_input(&self, input: &PlanInput) -> Result<Prepared, AgentError> {
+        let r = self.resolve(input).await?;
+        self.prepare_with(&r.text, &r.source, &r.drained, r.start_held).await
+    }
+
     /// Applies a plan, reporting progress. Prepares it under the apply lock, so two applies in a
     /// row never act on stale observations. A failed GPU step rolls the whole apply back; the
     /// stored plan then stays the one before.
@@ -467,33 +553,17 @@ impl Agent {
         let _apply = self.apply_lock.lock().await;
         // A partition edit is made to the stored plan as it is now, under the lock, so two edits
         // of different GPUs at once both land.
-        let (text, source) = match input {
-            PlanInput::Text { text, source } => (text, source),
-            PlanInput::Partition { gpu, layout } => self.partition_plan(&gpu, layout.as_deref()).await?,
-            PlanInput::Drain { gpu, drain } => {
-                let inventory = self.inventory().await?;
-                let index = inventory
-                    .find(&gpu)
-                    .map(|g| g.index)
-                    .ok_or_else(|| AgentError::NotFound(format!("no GPU {gpu:?} on this host")))?;
-                self.state.update(|s| {
-                    if drain {
-                        s.drained.insert(index);
-                    } else {
-                        s.drained.remove(&index);
-                    }
-                })?;
-                let verb = if drain { "drain" } else { "undrain" };
-                let plan = self.stored_plan();
-                let text = plan.map(|p| p.text).unwrap_or_else(|| "version = 1\n".into());
-                (text, format!("gpuctl {verb} {index}"))
-            }
-        };
-        let (text, source) = (text.as_str(), source.as_str());
-        let prepared = self.prepare(text, source).await?;
+        let resolved = self.resolve(&input).await?;
+        let (text, source) = (resolved.text.as_str(), resolved.source.as_str());
+        // The drained set is saved only once the plan under it checks out, so a refused drain
+        // changes nothing.
+        let prepared = self.prepare_with(text, source, &resolved.drained, resolved.start_held).await?;
         let refusals = self.refusals(&prepared, drain);
         if !refusals.is_empty() {
             return Err(AgentError::Refused(refusals));
+        }
+        if resolved.drained != self.state.snapshot().drained {
+            self.state.update(|s| s.drained = resolved.drained.clone())?;
         }
         progress(ApplyProgress::Plan(prepared.steps.clone()));
         self.events.emit(
@@ -614,8 +684,21 @@ impl Agent {
 
 /// What an apply applies: a plan's text, or the stored plan with one GPU's MIG layout replaced
 /// (`None`: MIG off).
+struct Resolved {
+    text: String,
+    source: String,
+    drained: std::collections::BTreeSet<u32>,
+    start_held: bool,
+}
+
 pub enum PlanInput {
+    /// An operator's plan (`gpuctl apply -f`): held workers start again too.
     Text {
+        text: String,
+        source: String,
+    },
+    /// The plan the agent applies as it starts: held workers stay as they are.
+    Startup {
         text: String,
         source: String,
     },

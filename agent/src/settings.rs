@@ -161,8 +161,18 @@ impl Settings {
         let running_as_root = nix::unistd::geteuid().is_root();
         let memory_grace = match &file.memory_grace {
             None => std::time::Duration::from_secs(10),
-            Some(text) => humantime::parse_duration(text)
-                .map_err(|e| SettingsError::Value { key: "memory_grace", message: format!("{text:?}: {e}") })?,
+            Some(text) => match humantime::parse_duration(text) {
+                Ok(d) if d.is_zero() => {
+                    return Err(SettingsError::Value {
+                        key: "memory_grace",
+                        message: format!("{text:?}: must be more than zero (\"1s\", say)"),
+                    });
+                }
+                Ok(d) => d,
+                Err(e) => {
+                    return Err(SettingsError::Value { key: "memory_grace", message: format!("{text:?}: {e}") });
+                }
+            },
         };
         let restart_backoff = match &file.restart_backoff {
             None => crate::workers::restart::BASE,
@@ -234,5 +244,26 @@ mod tests {
         std::fs::write(&path, "sokcet = \"/tmp/a.sock\"\n").unwrap();
         let err = Settings::load(Flags { config: Some(path), ..Flags::default() }).unwrap_err().to_string();
         assert!(err.contains("sokcet"), "{err}");
+    }
+
+    #[test]
+    fn durations_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.toml");
+        for (text, wanted) in [
+            ("memory_grace = \"0s\"\n", Some("more than zero")),
+            ("memory_grace = \"soon\"\n", Some("memory_grace")),
+            ("memory_grace = \"2s\"\n", None),
+        ] {
+            std::fs::write(&path, text).unwrap();
+            let got = Settings::load(Flags { config: Some(path.clone()), ..Flags::default() });
+            match wanted {
+                Some(needle) => {
+                    let err = got.err().unwrap_or_else(|| panic!("{text} was accepted")).to_string();
+                    assert!(err.contains(needle), "{text}: {err}");
+                }
+                None => assert_eq!(got.unwrap().workers.memory_grace, std::time::Duration::from_secs(2)),
+            }
+        }
     }
 }

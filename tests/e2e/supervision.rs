@@ -128,7 +128,7 @@ fn a_time_slicing_worker_over_its_memory_budget_is_stopped() {
 #[test]
 fn logs_stop_and_restart_of_one_model() {
     use std::io::BufRead;
-    let agent = agent();
+    let mut agent = agent();
     let text = format!(
         "version = 1\n[[gpus]]\nselect = \"0\"\nsharing = \"time-slicing\"\n[[models]]\nname = \"p\"\ncommand = [\"{}\", \"--print\", \"hello\"]\nmemory = \"1GiB\"\nreplicas = 2\n[[models]]\nname = \"q\"\ncommand = [\"/usr/bin/sleep\", \"600\"]\nmemory = \"1GiB\"\n",
         testworker()
@@ -184,6 +184,37 @@ fn logs_stop_and_restart_of_one_model() {
     follow.kill().unwrap();
     follow.wait().unwrap();
     assert_eq!(agent.gpuctl(&["diff", "-f", &file]).code, 0, "restarted workers match the plan");
+
+    // Held: once stopped, neither an agent restart (its start-up apply) nor a drain and undrain starts p again;
+    // only the operator's own apply or restart does.
+    assert_eq!(agent.gpuctl(&["stop", "p"]).code, 0);
+    let q = agent.worker_pids().into_iter().find(|w| w.0 == "q").unwrap().2;
+    // An open `logs --follow` does not keep the agent from stopping: it is cut off after a grace.
+    let mut follower = std::process::Command::new(crate::harness::gpuctl_binary())
+        .args(["--socket", agent.socket.to_str().unwrap(), "logs", "q", "--follow"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(agent.stop_agent(libc::SIGTERM), Some(0));
+    follower.wait().unwrap();
+    agent.launch().unwrap();
+    let held = agent.worker_pids();
+    assert!(held.iter().filter(|w| w.0 == "p").all(|w| w.3 == "stopped"), "{held:?}");
+    assert_eq!(held.iter().find(|w| w.0 == "q").unwrap().2, q, "q adopted, not restarted");
+    assert_eq!(agent.gpuctl(&["drain", "0"]).code, 0);
+    let refused = agent.gpuctl(&["restart", "p"]);
+    assert_ne!(refused.code, 0, "{refused:?}");
+    assert!(refused.stderr.contains("drained"), "{refused:?}");
+    assert_eq!(agent.gpuctl(&["undrain", "0"]).code, 0);
+    let undrained = agent.worker_pids();
+    assert!(undrained.iter().filter(|w| w.0 == "p").all(|w| w.3 == "stopped"), "{undrained:?}");
+    assert!(undrained.iter().any(|w| w.0 == "q" && w.3 == "running"), "{undrained:?}");
+
+    let apply = agent.gpuctl(&["apply", "-f", &file]);
+    assert_eq!(apply.code, 0, "{apply:?}");
+    let started = agent.worker_pids();
+    assert!(started.iter().all(|w| w.3 == "running"), "{started:?}");
 }
 
 /// Two distinct free ports (both held while the second is chosen, so they differ).
@@ -252,6 +283,14 @@ fn workers_run_in_their_own_cgroup_with_their_limits() {
     agent.wait_for("the children in the cgroup", 10, || {
         std::fs::read_to_string(format!("{dir}/cgroup.procs")).unwrap().lines().count() >= 3
     });
+    let members: Vec<u64> =
+        std::fs::read_to_string(format!("{dir}/cgroup.procs")).unwrap().lines().map(|l| l.parse().unwrap()).collect();
+    // `gpuctl stop` keeps the worker's record but not its cgroup; the next start makes it anew.
+    assert_eq!(agent.gpuctl(&["stop", "boxed"]).code, 0);
+    agent.wait_for("every member gone", 10, || members.iter().all(|p| !alive(*p)));
+    agent.wait_for("the stopped worker's cgroup removed", 10, || !std::path::Path::new(&dir).exists());
+    assert_eq!(agent.gpuctl(&["apply", "-f", &file]).code, 0);
+    assert!(std::path::Path::new(&dir).exists(), "cgroup made again at start");
     let members: Vec<u64> =
         std::fs::read_to_string(format!("{dir}/cgroup.procs")).unwrap().lines().map(|l| l.parse().unwrap()).collect();
     let empty = agent.write_plan("e.toml", "version = 1\n");

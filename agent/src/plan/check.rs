@@ -20,6 +20,10 @@ pub struct Desired {
     /// Replicas with no room may stay unplaced (not running) instead of refusing the plan: while
     /// GPUs are drained, the plan's full size may not fit.
     pub tolerate_unplaced: bool,
+    /// Start workers that are held down (stopped by the operator, given up after a crash loop,
+    /// stopped over budget). Only an operator's own `apply -f` asks for that; an apply made for
+    /// something else (agent start, partition, drain) leaves them as they are.
+    pub start_held: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -56,7 +60,7 @@ pub fn check(plan: &Plan, spans: &Spans, inventory: &Inventory, policy: &WorkerP
     // `select = "all"` over identical GPUs would say the same thing once per GPU.
     let mut seen = std::collections::BTreeSet::new();
     problems.retain(|p| seen.insert((p.path.clone(), p.message.clone())));
-    (Desired { gpus, models: plan.models.clone(), tolerate_unplaced: false }, problems)
+    (Desired { gpus, models: plan.models.clone(), tolerate_unplaced: false, start_held: true }, problems)
 }
 
 fn check_gpus(

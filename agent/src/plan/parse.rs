@@ -703,10 +703,12 @@ fn read_limits(ctx: &mut Ctx, path: &str, node: &Node) -> Option<Limits> {
     let mut f = Fields::of(ctx, path, node)?;
     let memory = f.take("memory").and_then(|(p, n)| size(ctx, &p, n));
     let cpu = f.take("cpu").and_then(|(p, n)| match n.kind {
-        Kind::Float(v) if v > 0.0 && v.is_finite() => Some(v),
-        Kind::Int(v) if v > 0 => Some(v as f64),
+        // Bounded so the cgroup quota (cpu x 100 ms period) stays within what the kernel takes
+        // (at least 1 ms).
+        Kind::Float(v) if (0.01..=4096.0).contains(&v) => Some(v),
+        Kind::Int(v) if (1..=4096).contains(&v) => Some(v as f64),
         _ => {
-            ctx.error(&p, &n.span, "must be a positive number of CPUs, e.g. 2.0 or 0.5");
+            ctx.error(&p, &n.span, "must be a number of CPUs from 0.01 to 4096, e.g. 2.0 or 0.5");
             None
         }
     });

@@ -101,6 +101,9 @@ pub struct Observed {
     pub pid: Option<u32>,
     /// True while a process runs (or is starting) for it.
     pub active: bool,
+    /// Not running on purpose (`stopped` or `failed`): only `Desired::start_held` starts it again
+    /// with the same spec.
+    pub held: bool,
     /// Why it is not running, when it is not.
     pub last_exit: Option<String>,
 }
@@ -287,7 +290,7 @@ pub fn reconcile(
     for (key, spec) in &wanted {
         let daemon_restarts = spec.mps_daemon.as_ref().is_some_and(|d| restarted.contains(d));
         match current.get(key) {
-            Some(obs) if obs.active && obs.spec == *spec && daemon_restarts => {
+            Some(obs) if obs.active && same(&obs.spec, spec) && daemon_restarts => {
                 let why = "restart: its MPS daemon restarts";
                 stops.push(Step::StopWorker {
                     key: key.clone(),
@@ -298,7 +301,7 @@ pub fn reconcile(
                 });
                 starts.push(Step::StartWorker { spec: Box::new(spec.clone()), reason: why.into() });
             }
-            Some(obs) if obs.active && obs.spec == *spec => {}
+            Some(obs) if obs.active && same(&obs.spec, spec) => {}
             Some(obs) if obs.active => {
                 let changed = differences(&obs.spec, spec).join(", ");
                 stops.push(Step::StopWorker {
@@ -313,6 +316,7 @@ pub fn reconcile(
                     reason: format!("restart: {changed} changed"),
                 });
             }
+            Some(obs) if obs.held && same(&obs.spec, spec) && !desired.start_held => {}
             Some(obs) => {
                 let why = obs.last_exit.clone().unwrap_or_else(|| "not running".to_string());
                 starts.push(Step::StartWorker { spec: Box::new(spec.clone()), reason: format!("not running ({why})") });
@@ -479,6 +483,13 @@ fn gpu_steps(
         }
     }
     destroys.into_iter().chain(modes_off).chain(modes_on).chain(creates).collect()
+}
+
+/// One worker's spec is the other's for what the worker runs with. `other_gpu_minors` is left
+/// out: it follows the host's GPU list, and a running worker keeps the device rules it started
+/// with rather than restarting when (say) an agent upgrade first fills it in.
+fn same(a: &WorkerSpec, b: &WorkerSpec) -> bool {
+    differences(a, b).is_empty()
 }
 
 fn differences(a: &WorkerSpec, b: &WorkerSpec) -> Vec<&'static str> {

@@ -87,7 +87,7 @@ fn running(text: &str, inv: &Inventory) -> Vec<Observed> {
         .into_iter()
         .filter_map(|s| match s {
             Step::StartWorker { spec, .. } => {
-                Some(Observed { spec: *spec, pid: Some(1), active: true, last_exit: None })
+                Some(Observed { spec: *spec, pid: Some(1), active: true, held: false, last_exit: None })
             }
             _ => None,
         })
@@ -180,6 +180,10 @@ fn running_replicas_stay_where_they_are() {
     observed[0].spec.gpu = 1;
     observed[0].spec.device = "GPU-1".into();
     observed[0].spec.other_gpu_minors = vec![0];
+    let steps = run(&desired(&text, &inv), &inv, &observed).unwrap();
+    assert!(steps.is_empty(), "{:?}", render(&steps));
+    // A worker recorded by an agent that did not yet fill in device rules is not restarted.
+    observed[0].spec.other_gpu_minors.clear();
     let steps = run(&desired(&text, &inv), &inv, &observed).unwrap();
     assert!(steps.is_empty(), "{:?}", render(&steps));
 }
@@ -379,4 +383,33 @@ fn mps_daemons_and_their_clients() {
         model("a", "1GiB", 4, "isolation = \"mps\"\ncompute = 30")
     );
     assert!(run(&desired(&over, &inv), &inv, &[]).is_ok());
+}
+
+#[test]
+fn held_workers_start_only_when_the_operator_asks() {
+    let inv = inventory(2);
+    let plan = format!("{TS2}{}", model("a", "10GiB", 2, ""));
+    let held: Vec<Observed> = running(&plan, &inv)
+        .into_iter()
+        .map(|mut o| {
+            if o.spec.key.replica == 1 {
+                o.active = false;
+                o.held = true;
+                o.pid = None;
+            }
+            o
+        })
+        .collect();
+    let mut d = desired(&plan, &inv);
+    assert_eq!(render(&run(&d, &inv, &held).unwrap()), vec!["start a/1 gpu1 time-slicing"], "apply -f starts it");
+    d.start_held = false;
+    assert!(run(&d, &inv, &held).unwrap().is_empty(), "other applies leave it stopped");
+    // A changed spec is a new ask: it starts even then.
+    let changed = plan.replace("\"1\"]", "\"2\"]");
+    let mut d = desired(&changed, &inv);
+    d.start_held = false;
+    assert_eq!(
+        render(&run(&d, &inv, &held).unwrap()),
+        vec!["stop a/0 gpu0", "start a/0 gpu0 time-slicing", "start a/1 gpu1 time-slicing"]
+    );
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 /// Backoff of a worker that keeps exiting: the first restart is immediate, then 1 s, 2 s, 4 s, ...
 /// up to a minute, each with up to 10% jitter so crash-looping workers do not restart in lockstep.
 /// A run of [`STABLE`] or longer resets it; [`GIVE_UP_AFTER`] quick exits in a row end it (the worker
-/// is then `failed` until the next apply or `gpuctl restart`).
+/// is then `failed` until `gpuctl apply -f` or `gpuctl restart`).
 pub const STABLE: Duration = Duration::from_secs(30);
 pub const GIVE_UP_AFTER: u32 = 10;
 /// The second restart's delay, doubling from there (the agent's `restart_backoff` setting).

@@ -99,7 +99,7 @@ impl Supervisor {
                     );
                     self.watch(key.clone(), pid);
                     if let Some(health) = rec.spec.health.clone() {
-                        self.check_health(key.clone(), pid, health);
+                        self.check_health(key.clone(), pid, health, rec.state == WorkerState::Running);
                     }
                     if rec.state == WorkerState::Stopping {
                         interrupted.push(key);
@@ -107,7 +107,8 @@ impl Supervisor {
                 }
                 _ => {
                     self.set(&key, |r| {
-                        r.state = WorkerState::Failed;
+                        // Not held: nobody chose to stop it, so the start-up apply starts it again.
+                        r.state = WorkerState::Backoff;
                         r.pid = None;
                         r.last_exit = Some("exited while the agent was down".into());
                     })?;
@@ -137,7 +138,13 @@ impl Supervisor {
             .snapshot()
             .workers
             .into_iter()
-            .map(|r| Observed { active: r.state.active(), pid: r.pid, last_exit: r.last_exit.clone(), spec: r.spec })
+            .map(|r| Observed {
+                active: r.state.active(),
+                held: matches!(r.state, WorkerState::Stopped | WorkerState::Failed),
+                pid: r.pid,
+                last_exit: r.last_exit.clone(),
+                spec: r.spec,
+            })
             .collect()
     }
 
@@ -160,6 +167,18 @@ impl Supervisor {
 
     pub fn records(&self) -> Vec<WorkerRecord> {
         self.state.snapshot().workers
+    }
+
+    /// Kills what is left in a worker's cgroup and removes it, off the async workers (removal
+    /// waits briefly for the killed processes to go).
+    async fn remove_cgroup(&self, key: &WorkerKey) {
+        if let Some(cg) = self.cgroup(key) {
+            let _ = tokio::task::spawn_blocking(move || {
+                cg.kill_all();
+                cg.remove();
+            })
+            .await;
+        }
     }
 
     /// The cgroup of a worker (None without a usable cgroup fs).
@@ -222,7 +241,7 @@ impl Supervisor {
                 let stored = self.put(record);
                 self.watch(key.clone(), pid);
                 if let Some(health) = spec.health.clone() {
-                    self.check_health(key.clone(), pid, health);
+                    self.check_health(key.clone(), pid, health, false);
                 }
                 stored?;
                 self.events.emit(
@@ -235,6 +254,10 @@ impl Supervisor {
                 Ok(pid)
             }
             Err(err) => {
+                // A cgroup made for a process that never ran is not left behind.
+                if let Some(cg) = self.cgroup(&key) {
+                    cg.remove();
+                }
                 self.record_failed(&spec, &err.to_string());
                 Err(err.into())
             }
@@ -242,7 +265,7 @@ impl Supervisor {
     }
 
     /// Records a worker that could not be started (its record says why), so it is never lost
-    /// from `gpuctl workers` and the next apply starts it again.
+    /// from `gpuctl workers` and `gpuctl apply -f` starts it again (it is held, see `reconcile::Observed::held`).
     pub fn record_failed(&self, spec: &WorkerSpec, error: &str) {
         let previous = self.records().into_iter().find(|r| r.spec.key == spec.key);
         if previous.as_ref().is_some_and(|r| r.state.active()) {
@@ -308,7 +331,12 @@ impl Supervisor {
             }
         }
         if let Some((state, reason)) = keep {
-            self.set(key, |r| {
+            let ours = self.set(key, |r| {
+                // Only the record of the process stopped here (or of none): a worker started
+                // meanwhile (a restart under the apply lock) keeps its own.
+                if r.pid.is_some() && r.pid != record.pid {
+                    return false;
+                }
                 // An operator's stop or restart ends a crash loop's count.
                 if state == WorkerState::Stopped {
                     r.streak = 0;
@@ -316,7 +344,11 @@ impl Supervisor {
                 r.state = state;
                 r.pid = None;
                 r.last_exit = Some(reason);
+                true
             })?;
+            if ours {
+                self.remove_cgroup(key).await;
+            }
             return Ok(());
         }
         // No orphan survives: whatever is left in the worker's cgroup goes, and so does the cgroup.
@@ -387,12 +419,14 @@ impl Supervisor {
     /// worker that is not healthy within its start timeout, or fails `failure_threshold` checks in
     /// a row once it was, is ended (SIGTERM, SIGKILL after its stop timeout) and its restart
     /// policy decides what comes next.
-    fn check_health(self: &Arc<Self>, key: WorkerKey, pid: u32, health: crate::reconcile::HealthSpec) {
+    /// `running`: the worker was already healthy (adopted as `running`), so its first failures
+    /// count against it at once instead of as start-up grace.
+    fn check_health(self: &Arc<Self>, key: WorkerKey, pid: u32, health: crate::reconcile::HealthSpec, running: bool) {
         let me = Arc::clone(self);
         tokio::spawn(async move {
             let started = std::time::Instant::now();
             let mut failures = 0u32;
-            let mut healthy_once = false;
+            let mut healthy_once = running;
             loop {
                 // While starting, look often, so a ready worker is `running` soon.
                 let pause =
@@ -510,6 +544,13 @@ impl Supervisor {
             outcome = Some((r.spec.gpu, decision));
             true
         });
+        if let (Ok(true), Some((_, decision))) = (&updated, &outcome)
+            && !matches!(decision, restart::Decision::Restart { .. })
+            && let Some(cg) = self.cgroup(key)
+        {
+            // Not coming back on its own: its (now empty) cgroup goes; a start makes it anew.
+            tokio::task::spawn_blocking(move || cg.remove());
+        }
         if let (Ok(true), Some((gpu, decision))) = (updated, outcome) {
             let said =
                 tail.as_deref().map(|t| format!("; it last printed: {}", t.replace('\n', " | "))).unwrap_or_default();
@@ -522,7 +563,9 @@ impl Supervisor {
                 restart::Decision::GiveUp { streak } => (
                     Level::Error,
                     "worker_failed",
-                    format!("crash loop: {streak} quick exits in a row, not restarting it until the next apply"),
+                    format!(
+                        "crash loop: {streak} quick exits in a row, not restarting it until `gpuctl apply -f` or `gpuctl restart`"
+                    ),
                 ),
                 restart::Decision::Stay if exit.success() => {
                     (Level::Info, "worker_exited", "restart policy: stays exited".into())
