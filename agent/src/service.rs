@@ -423,6 +423,7 @@ impl Agent {
             return Err(AgentError::InvalidPlan(problems));
         }
         desired.start_held = start_held;
+        let whole = desired.clone();
         // Drained GPUs are out of the plan's reach: left as they are, nothing placed there.
         if !drained.is_empty() {
             desired.gpus.retain(|gpu, _| !drained.contains(gpu));
@@ -438,7 +439,7 @@ impl Agent {
             gpu.processes.retain(|p| !servers.contains(&p.pid));
         }
         let daemons = self.mps.observed();
-        let reconciled = reconcile::reconcile(&desired, &inventory, &observed, &daemons, &owners).map_err(|e| {
+        let unplaceable = |e: reconcile::PlacementError| {
             AgentError::InvalidPlan(
                 e.unplaced
                     .iter()
@@ -451,7 +452,14 @@ impl Agent {
                     })
                     .collect(),
             )
-        })?;
+        };
+        // Only the drain may leave replicas unplaced: a plan that would not fit the whole host
+        // is refused as it would be without the drain.
+        if !drained.is_empty() {
+            reconcile::reconcile(&whole, &inventory, &observed, &daemons, &owners).map_err(unplaceable)?;
+        }
+        let reconciled =
+            reconcile::reconcile(&desired, &inventory, &observed, &daemons, &owners).map_err(unplaceable)?;
         Ok(Prepared {
             unplaced: reconciled.unplaced,
             desired,

@@ -329,6 +329,12 @@ fn drain_and_undrain_a_gpu() {
     let status = agent.gpuctl(&["-o", "json", "status"]).json();
     assert_eq!(status["gpus"][1]["drained"], true);
     assert!(agent.gpuctl(&["events"]).stdout.contains("big/1 does not run while GPUs are drained"));
+    // A drain excuses only what the drain displaces: a plan too big for the whole host is refused.
+    let too_big = agent.write_plan("big.toml", &text.replace("replicas = 2\n", "replicas = 3\n"));
+    let out = agent.gpuctl(&["apply", "-f", &too_big]);
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(out.stderr.contains("cannot be placed"), "{out:?}");
+    assert_eq!(on(0), gpu0, "the refused plan changed nothing");
 
     let out = agent.gpuctl(&["undrain", "1"]);
     assert_eq!(out.code, 0, "{out:?}");
