@@ -194,6 +194,30 @@ fn crashed_worker_is_reported_and_restarted_by_the_next_apply() {
     assert_eq!(w["workers"][0]["restarts"], 1, "starting a worker that had exited is a restart");
 }
 
+/// A worker that died while the agent was down is handled by its restart policy: `never` leaves
+/// it `failed` (the start-up apply does not start it); `on-failure` starts it again.
+#[test]
+fn a_worker_lost_while_the_agent_was_down_follows_its_policy() {
+    let mut agent = Agent::start("h200:1");
+    let text = "version = 1\n[[gpus]]\nselect = \"0\"\nsharing = \"time-slicing\"\n\
+                [[models]]\nname = \"once\"\ncommand = [\"/usr/bin/sleep\", \"600\"]\nmemory = \"1GiB\"\nrestart = \"never\"\n\
+                [[models]]\nname = \"again\"\ncommand = [\"/usr/bin/sleep\", \"600\"]\nmemory = \"1GiB\"\nrestart = \"on-failure\"\n";
+    let plan = agent.write_plan("p.toml", text);
+    assert_eq!(agent.gpuctl(&["apply", "-f", &plan]).code, 0);
+    let before = agent.worker_pids();
+    assert_eq!(agent.stop_agent(libc::SIGKILL), Some(128 + 9));
+    for w in &before {
+        // SAFETY: kill(2) on workers this test started.
+        unsafe { libc::kill(w.2.unwrap() as i32, libc::SIGKILL) };
+    }
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    agent.launch().unwrap();
+    let after = agent.worker_pids();
+    let state = |m: &str| after.iter().find(|w| w.0 == m).unwrap().3.clone();
+    assert_eq!(state("once"), "failed", "{after:?}");
+    assert_eq!(state("again"), "running", "{after:?}");
+}
+
 #[test]
 fn workers_survive_an_agent_restart_and_are_adopted() {
     let mut agent = Agent::start("h200:2");

@@ -107,8 +107,10 @@ impl Supervisor {
                 }
                 _ => {
                     self.set(&key, |r| {
-                        // Not held: nobody chose to stop it, so the start-up apply starts it again.
-                        r.state = WorkerState::Backoff;
+                        // Its restart policy decides, its exit (unseen) counting as a failure:
+                        // `never` leaves it `failed` (held); otherwise it is not held and the
+                        // start-up apply starts it again.
+                        r.state = if r.spec.restart == "never" { WorkerState::Failed } else { WorkerState::Backoff };
                         r.pid = None;
                         r.last_exit = Some("exited while the agent was down".into());
                     })?;
