@@ -68,6 +68,8 @@ pub async fn run(
     initial_apply(&agent, &settings).await;
     agent.adopt_mps();
     server::serve(listener, &settings.socket, Rpc { agent: Arc::clone(&agent) }, shutdown).await?;
+    // Open calls were cut off after a grace; the work they started is finished, not abandoned.
+    let _quiet = agent.finish_in_flight().await;
     events.emit(
         Level::Info,
         "agent_stopped",

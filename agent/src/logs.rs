@@ -27,7 +27,10 @@ pub fn rotate_if_large(path: &Path, max: u64, keep: u32) -> std::io::Result<bool
             fs::rename(&from, rotated(path, n + 1))?;
         }
     }
-    fs::copy(path, rotated(path, 1))?;
+    // The copy appears whole (a follower never sees half of it), then the live file is cut.
+    let tmp = path.with_extension("log.1.tmp");
+    fs::copy(path, &tmp)?;
+    fs::rename(&tmp, rotated(path, 1))?;
     OpenOptions::new().write(true).open(path)?.set_len(0)?;
     Ok(true)
 }
@@ -88,7 +91,9 @@ pub fn read_new(path: &Path, cursor: &mut Cursor) -> std::io::Result<Vec<u8>> {
     let len = file.metadata()?.len();
     let now = signature(&rotated(path, 1));
     let mut buf = Vec::new();
-    let rotated_since = now.is_some() && now != cursor.rotated;
+    // A new copy counts once the live file was cut (it is shorter than the copy); between the
+    // copy and the cut, the live file is read on as usual and the rotation is seen next time.
+    let rotated_since = now != cursor.rotated && now.is_some_and(|(copy_len, _)| len < copy_len);
     let from = if rotated_since || len < cursor.offset {
         if rotated_since && let Ok(mut old) = File::open(rotated(path, 1)) {
             old.seek(SeekFrom::Start(cursor.offset))?;
@@ -102,7 +107,9 @@ pub fn read_new(path: &Path, cursor: &mut Cursor) -> std::io::Result<Vec<u8>> {
     let before = buf.len();
     file.read_to_end(&mut buf)?;
     cursor.offset = from + (buf.len() - before) as u64;
-    cursor.rotated = now;
+    if rotated_since || len < cursor.offset {
+        cursor.rotated = now;
+    }
     Ok(buf)
 }
 
@@ -127,6 +134,10 @@ mod tests {
         assert_eq!(cursor.offset, 6);
         writeln!(writer, "four").unwrap();
         assert_eq!(read_new(&path, &mut cursor).unwrap(), b"four\n", "no rotation since: just the new line");
+        // Between the copy and the cut: the live file is read on, nothing twice.
+        fs::copy(&path, rotated(&path, 1)).unwrap();
+        writeln!(writer, "five").unwrap();
+        assert_eq!(read_new(&path, &mut cursor).unwrap(), b"five\n");
     }
 
     #[test]

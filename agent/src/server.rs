@@ -63,7 +63,8 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
     // Shutdown waits for open calls to end, but a `gpuctl logs --follow` never does: once asked
-    // to stop, calls get a short grace and are then cut off.
+    // to stop, calls get a short grace and are then cut off. An apply runs in its own task and
+    // is finished by `app::run` (under the apply lock) before the agent exits.
     let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
     let shutdown = async move {
         shutdown.await;

@@ -160,7 +160,7 @@ impl Agent {
             let grace = me.settings.workers.memory_grace;
             // Keyed by worker and pid: a restarted worker starts its grace afresh.
             let mut over_since: std::collections::BTreeMap<(reconcile::WorkerKey, u32), Instant> = Default::default();
-            let mut tick = tokio::time::interval(std::time::Duration::from_millis(250).min(grace));
+            let mut tick = tokio::time::interval(std::time::Duration::from_millis(250));
             loop {
                 tick.tick().await;
                 let Ok(inventory) = me.inventory().await else { continue };
@@ -264,8 +264,9 @@ impl Agent {
     }
 
     /// `gpuctl stop MODEL` / `gpuctl restart MODEL`: acts on every replica of the model, one at a
-    /// time, under the apply lock. Stopped workers stay `stopped` until the next apply (the plan
-    /// still wants them); a restart starts each again through the apply's start path.
+    /// time, under the apply lock. Stopped workers stay `stopped` (held) until `gpuctl apply -f`
+    /// or `gpuctl restart`; a restart starts each again through the apply's start path. Nothing is
+    /// restarted on a drained GPU.
     pub async fn do_model_action(&self, model: &str, action: &str) -> Result<Vec<String>, AgentError> {
         let _apply = self.apply_lock.lock().await;
         let records: Vec<_> = self.supervisor.records().into_iter().filter(|r| r.spec.key.model == model).collect();
@@ -320,6 +321,13 @@ impl Agent {
     /// Adopts the workers and MPS daemons that an earlier agent left running.
     pub async fn adopt_workers(&self) -> Result<(), StoreError> {
         self.supervisor.adopt().await
+    }
+
+    /// At shutdown, once the socket is closed: waits for an apply, model action, budget stop or
+    /// policy restart under way to finish, and keeps any new one from starting (the guard is held
+    /// until the agent exits), so the agent never stops halfway through one.
+    pub async fn finish_in_flight(&self) -> tokio::sync::OwnedMutexGuard<()> {
+        Arc::clone(&self.apply_lock).lock_owned().await
     }
 
     /// Supervises the MPS daemons an earlier agent left; after the start-up apply.
@@ -690,8 +698,7 @@ impl Agent {
     }
 }
 
-/// What an apply applies: a plan's text, or the stored plan with one GPU's MIG layout replaced
-/// (`None`: MIG off).
+/// A `PlanInput` made concrete (see `Agent::resolve`).
 struct Resolved {
     text: String,
     source: String,
@@ -699,6 +706,8 @@ struct Resolved {
     start_held: bool,
 }
 
+/// What an apply applies: a plan's text, or the stored plan with one GPU's MIG layout replaced
+/// (`None`: MIG off), or the stored plan under a changed drained set.
 pub enum PlanInput {
     /// An operator's plan (`gpuctl apply -f`): held workers start again too.
     Text {

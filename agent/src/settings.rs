@@ -162,10 +162,11 @@ impl Settings {
         let memory_grace = match &file.memory_grace {
             None => std::time::Duration::from_secs(10),
             Some(text) => match humantime::parse_duration(text) {
-                Ok(d) if d.is_zero() => {
+                // The watch looks every 250 ms; a shorter grace would only poll NVML harder.
+                Ok(d) if d < std::time::Duration::from_millis(250) => {
                     return Err(SettingsError::Value {
                         key: "memory_grace",
-                        message: format!("{text:?}: must be more than zero (\"1s\", say)"),
+                        message: format!("{text:?}: must be at least 250ms"),
                     });
                 }
                 Ok(d) => d,
@@ -251,7 +252,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("agent.toml");
         for (text, wanted) in [
-            ("memory_grace = \"0s\"\n", Some("more than zero")),
+            ("memory_grace = \"0s\"\n", Some("at least 250ms")),
+            ("memory_grace = \"1ns\"\n", Some("at least 250ms")),
             ("memory_grace = \"soon\"\n", Some("memory_grace")),
             ("memory_grace = \"2s\"\n", None),
         ] {

@@ -316,7 +316,9 @@ pub fn reconcile(
                     reason: format!("restart: {changed} changed"),
                 });
             }
-            Some(obs) if obs.held && same(&obs.spec, spec) && !desired.start_held => {}
+            // Held, and the model itself unchanged: it stays stopped wherever placement now puts
+            // it (a drain, undrain, partition or reboot may move it).
+            Some(obs) if obs.held && !desired.start_held && same_model(&obs.spec, spec) => {}
             Some(obs) => {
                 let why = obs.last_exit.clone().unwrap_or_else(|| "not running".to_string());
                 starts.push(Step::StartWorker { spec: Box::new(spec.clone()), reason: format!("not running ({why})") });
@@ -490,6 +492,12 @@ fn gpu_steps(
 /// with rather than restarting when (say) an agent upgrade first fills it in.
 fn same(a: &WorkerSpec, b: &WorkerSpec) -> bool {
     differences(a, b).is_empty()
+}
+
+/// The model's own settings agree; where it is placed (GPU, device, instance, tier) may differ.
+fn same_model(a: &WorkerSpec, b: &WorkerSpec) -> bool {
+    const PLACEMENT: &[&str] = &["gpu", "device", "instance", "mps_daemon", "isolation"];
+    differences(a, b).iter().all(|d| PLACEMENT.contains(d))
 }
 
 fn differences(a: &WorkerSpec, b: &WorkerSpec) -> Vec<&'static str> {

@@ -413,3 +413,40 @@ fn held_workers_start_only_when_the_operator_asks() {
         vec!["stop a/0 gpu0", "start a/0 gpu0 time-slicing", "start a/1 gpu1 time-slicing"]
     );
 }
+
+#[test]
+fn held_workers_stay_stopped_when_placement_moves_them() {
+    let inv = inventory(2);
+    let plan = format!("{TS2}{}", model("a", "10GiB", 2, ""));
+    let all_held: Vec<Observed> = running(&plan, &inv)
+        .into_iter()
+        .map(|mut o| {
+            o.active = false;
+            o.held = true;
+            o.pid = None;
+            o
+        })
+        .collect();
+    // Drain GPU 1: a/1 would move to GPU 0; undrain after a stop on GPU 0 only: a/1 would move
+    // back to GPU 1. Neither starts it.
+    let mut drained = desired(&plan, &inv);
+    drained.start_held = false;
+    drained.gpus.remove(&1);
+    drained.tolerate_unplaced = true;
+    assert!(run(&drained, &inv, &all_held).unwrap().is_empty());
+    let both_on_0: Vec<Observed> = all_held
+        .iter()
+        .cloned()
+        .map(|mut o| {
+            o.spec.gpu = 0;
+            o.spec.device = "GPU-0".into();
+            o
+        })
+        .collect();
+    let mut undrained = desired(&plan, &inv);
+    undrained.start_held = false;
+    assert!(run(&undrained, &inv, &both_on_0).unwrap().is_empty());
+    // The operator's apply starts them where placement puts them.
+    undrained.start_held = true;
+    assert_eq!(run(&undrained, &inv, &both_on_0).unwrap().len(), 2);
+}

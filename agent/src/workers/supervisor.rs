@@ -198,8 +198,8 @@ impl Supervisor {
     pub fn start(self: &Arc<Self>, spec: WorkerSpec) -> Result<u32, WorkerError> {
         let key = spec.key.clone();
         let user = spec.user.clone().or_else(|| self.policy.default_user.clone());
-        // Starting a worker whose record is still here (it exited, or failed to start) is a
-        // restart of it; a worker stopped on purpose has no record left.
+        // Starting a worker whose record is still here (it exited, was stopped and kept, or
+        // failed to start) is a restart of it; one that left the plan has no record left.
         let previous = self.records().into_iter().find(|r| r.spec.key == key);
         let restarts = previous.as_ref().map(|r| r.restarts + 1).unwrap_or(0);
         let streak = previous.as_ref().map(|r| r.streak).unwrap_or(0);
