@@ -100,6 +100,10 @@ pub struct WorkerRecord {
     /// Its health check failed and the agent ended it: its exit counts as a failure.
     #[serde(default)]
     pub unhealthy: bool,
+    /// While `stopping` for `gpuctl stop` or a budget stop: the state it is to be kept in, and
+    /// why, so an agent that dies mid-stop finishes it the same way (None: the record goes).
+    #[serde(default)]
+    pub stopping_to: Option<(WorkerState, String)>,
 }
 
 /// The state file and its in-memory copy. Every change goes through [`StateFile::update`].

@@ -218,6 +218,35 @@ fn a_worker_lost_while_the_agent_was_down_follows_its_policy() {
     assert_eq!(state("again"), "running", "{after:?}");
 }
 
+/// An agent that dies while `gpuctl stop` waits out a worker's stop timeout finishes that stop at
+/// its next start, and the worker stays `stopped`: the start-up apply does not bring it back.
+#[test]
+fn a_stop_interrupted_by_an_agent_crash_is_finished_and_held() {
+    let mut agent = Agent::start("h200:1");
+    let text = "version = 1\n[[gpus]]\nselect = \"0\"\nsharing = \"time-slicing\"\n[[models]]\nname = \"stubborn\"\ncommand = [\"/bin/sh\", \"-c\", \"trap '' TERM; sleep 600 & wait\"]\nmemory = \"1GiB\"\nstop_timeout = \"2s\"\n";
+    let plan = agent.write_plan("s.toml", text);
+    assert_eq!(agent.gpuctl(&["apply", "-f", &plan]).code, 0);
+    let pid = agent.worker_pids()[0].2.unwrap();
+    agent.wait_for("the child sleep", 10, || {
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).is_ok_and(|c| !c.trim().is_empty())
+    });
+    let mut stop = std::process::Command::new(crate::harness::gpuctl_binary())
+        .args(["--socket", agent.socket.to_str().unwrap(), "stop", "stubborn"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    agent.wait_for("the worker stopping", 10, || agent.worker_pids()[0].3 == "stopping");
+    assert_eq!(agent.stop_agent(libc::SIGKILL), Some(128 + 9));
+    let _ = stop.wait();
+    assert!(alive(pid), "the stubborn worker outlived the agent");
+    agent.launch().unwrap();
+    agent.wait_for("the stop finished", 10, || !alive(pid));
+    let w = agent.worker_pids();
+    assert_eq!(w[0].3, "stopped", "{w:?}");
+    assert_eq!(w[0].2, None, "not started again: {w:?}");
+}
+
 #[test]
 fn workers_survive_an_agent_restart_and_are_adopted() {
     let mut agent = Agent::start("h200:2");

@@ -102,17 +102,22 @@ impl Supervisor {
                         self.check_health(key.clone(), pid, health, rec.state == WorkerState::Running);
                     }
                     if rec.state == WorkerState::Stopping {
-                        interrupted.push(key);
+                        interrupted.push((key, rec.stopping_to.clone()));
                     }
                 }
                 _ => {
                     self.set(&key, |r| {
-                        // Its restart policy decides, its exit (unseen) counting as a failure:
-                        // `never` leaves it `failed` (held); otherwise it is not held and the
-                        // start-up apply starts it again.
-                        r.state = if r.spec.restart == "never" { WorkerState::Failed } else { WorkerState::Backoff };
+                        // A stop that was under way ends as it was meant to. Otherwise its restart
+                        // policy decides, its exit (unseen) counting as a failure: `never` leaves
+                        // it `failed` (held); else it is not held and the start-up apply starts it.
                         r.pid = None;
                         r.last_exit = Some("exited while the agent was down".into());
+                        if let Some((state, reason)) = r.stopping_to.take() {
+                            r.state = state;
+                            r.last_exit = Some(reason);
+                            return;
+                        }
+                        r.state = if r.spec.restart == "never" { WorkerState::Failed } else { WorkerState::Backoff };
                     })?;
                     self.events.emit(
                         Level::Warning,
@@ -126,8 +131,8 @@ impl Supervisor {
         }
         // The agent died while stopping these: finish each stop (SIGTERM again, then SIGKILL
         // after its stop timeout) before anything else, so no worker stays `stopping` for ever.
-        for key in interrupted {
-            if let Err(e) = self.stop(&key).await {
+        for (key, keep) in interrupted {
+            if let Err(e) = self.stop_with(&key, keep).await {
                 tracing::error!(worker = %key, error = %e, "finishing an interrupted stop");
             }
         }
@@ -237,6 +242,7 @@ impl Supervisor {
                     streak,
                     log_tail: None,
                     unhealthy: false,
+                    stopping_to: None,
                 };
                 // Watch it even if the state file cannot be written: the in-memory record holds
                 // it, and an unwatched process would never be reaped or reported.
@@ -284,6 +290,7 @@ impl Supervisor {
             streak: previous.as_ref().map(|r| r.streak).unwrap_or(0),
             log_tail: None,
             unhealthy: false,
+            stopping_to: None,
         };
         let _ = self.put(record);
         self.events.emit(Level::Error, "worker_start_failed", Some(&spec.key.model), Some(spec.gpu), error.to_string());
@@ -325,6 +332,7 @@ impl Supervisor {
                 let live = r.pid == Some(pid) && r.state.active();
                 if live {
                     r.state = WorkerState::Stopping;
+                    r.stopping_to = keep.clone();
                 }
                 live
             })?;
@@ -346,6 +354,7 @@ impl Supervisor {
                 r.state = state;
                 r.pid = None;
                 r.last_exit = Some(reason);
+                r.stopping_to = None;
                 true
             })?;
             if ours {
