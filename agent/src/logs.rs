@@ -107,7 +107,7 @@ pub fn read_new(path: &Path, cursor: &mut Cursor) -> std::io::Result<Vec<u8>> {
     let before = buf.len();
     file.read_to_end(&mut buf)?;
     cursor.offset = from + (buf.len() - before) as u64;
-    if rotated_since || len < cursor.offset {
+    if rotated_since {
         cursor.rotated = now;
     }
     Ok(buf)
